@@ -1,0 +1,28 @@
+"""Test helpers shipped with logsdk: a real embedded Kafka broker and fault injection.
+
+Users' own integration tests can use them too::
+
+    from logsdk.testing import EmbeddedBroker
+
+    with EmbeddedBroker(durable=True, proxy=True) as broker:
+        ...                 # produce / consume against broker.bootstrap_servers
+        broker.kill()       # a broker crash (SIGKILL)
+        broker.restart()    # back on the same port, data kept (durable=True)
+        broker.cut()        # the network goes away; the broker stays up
+        broker.heal()
+
+The pytest fixtures (``kafka_broker``, ``fresh_topic``, ``broker_factory``) are
+in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
+"""
+
+from logsdk.testing._admin import create_topic, read_topic
+from logsdk.testing._broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
+
+__all__ = [
+    "EmbeddedBroker",
+    "create_topic",
+    "free_port",
+    "port_is_free",
+    "read_topic",
+    "tansu_binary",
+]

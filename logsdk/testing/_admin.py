@@ -1,0 +1,123 @@
+"""Small admin helpers for tests: create a topic and wait until it is usable."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from logsdk._types import ClientConfig
+from logsdk.errors import BrokerError, ConfigError
+
+log = logging.getLogger("logsdk.testing")
+
+
+def create_topic(
+    bootstrap_servers: str,
+    name: str,
+    partitions: int = 3,
+    *,
+    replication_factor: int = 1,
+    config: Mapping[str, str] | None = None,
+    extra_config: Mapping[str, str | int | float | bool] | None = None,
+    timeout: float = 20.0,
+) -> str:
+    """Create ``name`` with ``partitions`` partitions and wait until every one has a leader."""
+    if partitions < 1:
+        raise ConfigError(f"partitions must be >= 1, got {partitions}")
+    conf: ClientConfig = {"bootstrap.servers": bootstrap_servers}
+    conf.update(extra_config or {})
+    admin = AdminClient(conf)
+    topic = NewTopic(
+        name,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=dict(config or {}),
+    )
+    futures = admin.create_topics([topic], operation_timeout=timeout, request_timeout=timeout)
+    try:
+        futures[name].result(timeout)
+    except KafkaException as exc:
+        raise BrokerError(f"could not create topic {name!r}: {exc}") from exc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=5).topics.get(name)
+        if (
+            md is not None
+            and md.error is None
+            and len(md.partitions) == partitions
+            and all(p.leader >= 0 for p in md.partitions.values())
+        ):
+            return name
+        time.sleep(0.05)
+    raise BrokerError(f"topic {name!r} was created but not ready within {timeout}s")
+
+
+def read_topic(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    timeout: float = 60.0,
+    idle: float = 0.0,
+    extra_config: Mapping[str, str | int | float | bool] | None = None,
+) -> list[Message]:
+    """Every record of ``topic`` from the beginning to the current end of each partition.
+
+    Reads with ``assign`` (no consumer group, no commit) until each partition reports
+    end-of-partition; ``idle`` keeps reading that many extra seconds after that, for
+    records still on their way. Raises :class:`BrokerError` past ``timeout``.
+    """
+    conf: ClientConfig = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": f"logsdk-read-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+    }
+    conf.update(extra_config or {})
+    consumer = Consumer(conf)
+    try:
+        md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error is not None:
+            raise BrokerError(f"topic {topic!r} not found: {md.error if md else 'no metadata'}")
+        parts = sorted(md.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        out: list[Message] = []
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout
+        quiet_until: float | None = None
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                raise BrokerError(
+                    f"read_topic({topic!r}) timed out after {timeout}s with {len(out)} "
+                    f"records; partitions at end: {sorted(at_end)} of {parts}"
+                )
+            if len(at_end) == len(parts):
+                if quiet_until is None:
+                    quiet_until = now + idle
+                if now >= quiet_until:
+                    return out
+            for msg in consumer.consume(10_000, 0.2):
+                err = msg.error()
+                if err is None:
+                    out.append(msg)
+                    at_end.discard(msg.partition() or 0)
+                    quiet_until = None
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition() or 0)
+                else:
+                    raise BrokerError(f"read_topic({topic!r}): {err}")
+    finally:
+        consumer.close()

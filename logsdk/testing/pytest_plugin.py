@@ -1,0 +1,179 @@
+"""Pytest fixtures for code that talks to Kafka, registered as the ``logsdk`` plugin.
+
+Fixtures:
+
+- ``kafka_broker`` (session): a :class:`KafkaTarget`. The broker is chosen, in order:
+  ``LOGSDK_TEST_BOOTSTRAP`` names an external cluster; a testcontainers Kafka when a
+  Docker engine answers; otherwise the embedded broker (Tansu). Set
+  ``LOGSDK_TEST_BROKER=embedded`` to skip the Docker probe.
+- ``fresh_topic`` (function): a factory, ``fresh_topic(partitions=3) -> name``, that
+  creates a topic with a unique name for this test.
+- ``broker_factory`` (function): a factory of :class:`EmbeddedBroker` instances that
+  the test may kill, pause or cut off; stopped at the end of the test. Skipped, with
+  the reason, when ``LOGSDK_TEST_BOOTSTRAP`` points at an external cluster.
+
+Markers: ``integration``, ``fault``, ``slow``, ``spark``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pytest
+
+from logsdk._types import ClientConfig
+from logsdk.testing._admin import create_topic
+from logsdk.testing._broker import EmbeddedBroker
+
+BrokerKind = Literal["external", "container", "embedded"]
+
+ENV_BOOTSTRAP = "LOGSDK_TEST_BOOTSTRAP"
+ENV_BROKER = "LOGSDK_TEST_BROKER"
+
+MARKERS = {
+    "integration": "needs a Kafka broker (embedded, container or external)",
+    "fault": "kills, pauses or cuts off the broker; needs an embedded broker",
+    "slow": "takes more than a few seconds",
+    "spark": "needs pyspark and Java",
+}
+
+
+def docker_answers() -> bool:
+    """True when a Docker engine answers a ping within 2 s."""
+    try:
+        import docker
+    except ImportError:
+        return False
+    client = None
+    try:
+        client = docker.from_env(timeout=2)  # type: ignore[attr-defined]
+        return bool(client.ping())
+    except Exception:  # no socket, permission denied, engine down: all mean "no"
+        return False
+    finally:
+        if client is not None:
+            client.close()
+
+
+def choose_broker_kind(
+    env: Mapping[str, str] | None = None, docker_probe: Callable[[], bool] = docker_answers
+) -> BrokerKind:
+    """Which broker the fixtures use: external, then container, then embedded."""
+    env = os.environ if env is None else env
+    if env.get(ENV_BOOTSTRAP, "").strip():
+        return "external"
+    forced = env.get(ENV_BROKER, "").strip().lower()
+    if forced == "embedded":
+        return "embedded"
+    if forced and forced not in ("container", "auto"):
+        raise pytest.UsageError(f"{ENV_BROKER} must be 'embedded', 'container' or 'auto'")
+    return "container" if docker_probe() else "embedded"
+
+
+@dataclass
+class KafkaTarget:
+    """The Kafka cluster a test session talks to."""
+
+    bootstrap_servers: str
+    kind: BrokerKind
+    embedded: EmbeddedBroker | None = None
+    _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    @property
+    def can_fault(self) -> bool:
+        """True when the tests may kill and restart this broker (embedded only)."""
+        return self.kind == "embedded"
+
+    def client_config(
+        self, role: Literal["producer", "consumer", "admin"] = "consumer"
+    ) -> ClientConfig:
+        """Client settings for this cluster (see :meth:`EmbeddedBroker.client_config`)."""
+        if self.embedded is not None:
+            return self.embedded.client_config(role)
+        return {"bootstrap.servers": self.bootstrap_servers}
+
+    def create_topic(self, name: str, partitions: int = 3, **kw: Any) -> str:
+        """Create a topic and wait until all its partitions have a leader."""
+        return create_topic(self.bootstrap_servers, name, partitions, **kw)
+
+    def close(self) -> None:
+        """Stop whatever this session started."""
+        for closer in reversed(self._closers):
+            with contextlib.suppress(Exception):
+                closer()
+        self._closers.clear()
+
+
+def open_target(kind: BrokerKind | None = None) -> KafkaTarget:
+    """Start (or point at) the broker for ``kind``; the caller must ``close()`` it."""
+    kind = kind or choose_broker_kind()
+    if kind == "external":
+        return KafkaTarget(os.environ[ENV_BOOTSTRAP].strip(), "external")
+    if kind == "container":
+        from testcontainers.kafka import KafkaContainer
+
+        container = KafkaContainer().with_kraft()
+        container.start()
+        target = KafkaTarget(container.get_bootstrap_server(), "container")
+        target._closers.append(container.stop)
+        return target
+    broker = EmbeddedBroker().start()
+    target = KafkaTarget(broker.bootstrap_servers, "embedded", embedded=broker)
+    target._closers.append(broker.stop)
+    return target
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaTarget]:
+    """The session's Kafka cluster (external, container or embedded)."""
+    target = open_target()
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+def _topic_name(node_name: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", node_name).strip("-")[:40]
+    return f"t-{base}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def fresh_topic(kafka_broker: KafkaTarget, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Factory: ``fresh_topic(partitions=3, **kw)`` creates a uniquely named topic."""
+
+    def make(partitions: int = 3, **kw: Any) -> str:
+        return kafka_broker.create_topic(_topic_name(request.node.name), partitions, **kw)
+
+    return make
+
+
+@pytest.fixture
+def broker_factory() -> Iterator[Callable[..., EmbeddedBroker]]:
+    """Factory of started :class:`EmbeddedBroker` instances, killed after the test."""
+    if os.environ.get(ENV_BOOTSTRAP, "").strip():
+        pytest.skip(
+            f"{ENV_BOOTSTRAP} points at an external cluster; fault tests need a broker "
+            "they can kill and restart (the embedded one)"
+        )
+    brokers: list[EmbeddedBroker] = []
+
+    def make(**kw: Any) -> EmbeddedBroker:
+        broker = EmbeddedBroker(**kw)
+        brokers.append(broker)
+        return broker.start()
+
+    yield make
+    for b in brokers:
+        b.stop(timeout=2.0)
