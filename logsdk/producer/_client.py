@@ -1,0 +1,87 @@
+"""The thin wrapper over confluent-kafka: the only producer code that touches librdkafka.
+
+It builds clients, classifies librdkafka errors once (so the policy layer branches
+on meaning, not on codes) and runs health probes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient
+
+from logsdk._types import ClientConfig
+
+log = logging.getLogger("logsdk.producer")
+rdlog = logging.getLogger("logsdk.librdkafka")
+
+#: Errors that belong to the record itself: resending it can never succeed.
+_RECORD_ERRORS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.INVALID_MSG,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError._INVALID_ARG,
+        KafkaError._BAD_MSG,
+    }
+)
+#: Errors that mean the cluster (or the path to it) is gone.
+_CLUSTER_DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN})
+#: A purged in-flight record may have been written: resend it (a duplicate at worst).
+POSSIBLY_PERSISTED = frozenset({KafkaError._PURGE_INFLIGHT, KafkaError._MSG_TIMED_OUT})
+
+
+def is_record_error(err: KafkaError) -> bool:
+    """True when the failure is the record's own fault (too large, invalid)."""
+    return bool(err.code() in _RECORD_ERRORS)
+
+
+def is_cluster_down(err: KafkaError) -> bool:
+    """True for 'all brokers down' style errors."""
+    return bool(err.code() in _CLUSTER_DOWN)
+
+
+ErrorCallback = Callable[[KafkaError], None]
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+
+def new_producer(conf: ClientConfig, on_error: ErrorCallback) -> Producer:
+    """A librdkafka producer whose logs go to the ``logsdk.librdkafka`` logger."""
+    full: dict[str, Any] = dict(conf)
+    full["error_cb"] = on_error
+    full["logger"] = rdlog
+    return Producer(full)
+
+
+def probe(conf: ClientConfig, topic: str, timeout: float) -> bool:
+    """One health probe: a fresh client asks for metadata; True when a leader answers."""
+    full: dict[str, Any] = dict(conf)
+    full["logger"] = rdlog
+    full.setdefault("socket.connection.setup.timeout.ms", max(1000, int(timeout * 1000)))
+    admin = AdminClient(full)
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    if not md.brokers:
+        return False
+    t = md.topics.get(topic)
+    if t is None:
+        return True  # the topic does not exist yet: producing will create it or fail loudly
+    return t.error is None and all(p.leader >= 0 for p in t.partitions.values())
+
+
+def client_probe(client: Producer, topic: str, timeout: float) -> bool:
+    """A probe through an existing producer's connections (used while ONLINE)."""
+    try:
+        md = client.list_topics(topic, timeout=timeout)
+    except KafkaException:
+        return False
+    t = md.topics.get(topic)
+    return bool(md.brokers) and t is not None and t.error is None

@@ -1,0 +1,961 @@
+"""LogProducer: memory buffer -> Kafka, spool on failure, replay on recovery.
+
+Invariants (the at-least-once contract):
+- a record accepted by ``send()`` is, at every instant, in exactly one of: the
+  backlog (memory), librdkafka's queue (memory), the spool (committed on disk),
+  Kafka (acknowledged), or counted as dropped by the overflow policy or as
+  rejected (bad data, set aside in the spool's ``rejected`` table);
+- a spool row is deleted only after Kafka acknowledged its replay;
+- records reach Kafka in send order per partition: once the backlog is in use,
+  every newer record goes through it, and the spool drains before the backlog;
+- only the pump thread changes state, polls librdkafka (so delivery callbacks run
+  there) and touches the spool; ``send()`` only appends or produces under a lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import functools
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message, Producer
+
+from logsdk.errors import (
+    BufferFullError,
+    ConfigError,
+    ProducerClosedError,
+    RecordTooLargeError,
+    SerializationError,
+    SpoolError,
+    SpoolFullError,
+)
+from logsdk.producer import _client
+from logsdk.producer._config import ProducerConfig, WhenFull
+from logsdk.spool._spool import Headers, Row, Spool, decode_headers, encode_headers, row_size
+
+log = logging.getLogger("logsdk.producer")
+
+#: Header names every record carries, so any reader can drop duplicates.
+HEADER_PRODUCER = "logsdk.producer"
+HEADER_SEQ = "logsdk.seq"
+_SEQ_BLOCK = 1 << 20  # sequence numbers reserved on disk at a time
+_PURGE_WAIT_S = 30.0  # how long a purge may take to hand records back
+_SPOOL_BATCH = 5_000  # records per spool transaction
+
+#: A record in memory: topic, key, value, user headers, timestamp ms, seq.
+Rec = tuple[str, bytes | None, bytes | None, Headers | None, int | None, int]
+#: Headers as confluent-kafka takes them.
+KHeaders = list[tuple[str, str | bytes | None]]
+
+
+class State(str, enum.Enum):
+    """Where new records go: Kafka (ONLINE), the spool (DEGRADED), behind it (RECOVERING)."""
+
+    ONLINE = "ONLINE"
+    DEGRADED = "DEGRADED"
+    RECOVERING = "RECOVERING"
+    CLOSED = "CLOSED"
+
+
+def _to_bytes(value: object, what: str) -> bytes | None:
+    if value is None:
+        return None
+    if type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, dict) and what == "value":
+        try:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"value is not JSON-serialisable: {exc}") from exc
+    raise SerializationError(
+        f"{what} must be bytes, str{' or a JSON-serialisable dict' if what == 'value' else ''}"
+        f" or None, got {type(value).__name__}"
+    )
+
+
+def _user_headers(headers: object) -> Headers | None:
+    if headers is None:
+        return None
+    items: Sequence[Any]
+    if isinstance(headers, Mapping):
+        items = list(headers.items())
+    elif isinstance(headers, (list, tuple)):
+        items = headers
+    else:
+        raise SerializationError("headers must be a mapping or a list of (str, bytes) pairs")
+    out: Headers = []
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise SerializationError(f"header {item!r} is not a (name, value) pair")
+        name, val = item
+        if not isinstance(name, str):
+            raise SerializationError(f"header name {name!r} must be str")
+        if name.startswith("logsdk."):
+            raise SerializationError(f"header names starting with 'logsdk.' are reserved: {name}")
+        out.append((name, _to_bytes(val, f"header {name!r}")))
+    return out or None
+
+
+class LogProducer:
+    """Send log records to Kafka without losing them when Kafka or the network fails.
+
+    ``send()`` never blocks on Kafka: records go to librdkafka while the cluster is
+    healthy, and to a SQLite spool in ``spool_dir`` while it is not; a health thread
+    probes the cluster and replays the spool, oldest first, when it is back. Every
+    record carries the headers ``logsdk.producer`` (a stable id kept in
+    ``spool_dir``) and ``logsdk.seq`` (monotonic per producer), so readers can drop
+    the duplicates that at-least-once delivery may create.
+
+    The constructor opens the spool (taking its lock: one producer per directory)
+    and starts two daemon threads (pump and health). Use it as a context manager
+    or call :meth:`close`, which moves whatever Kafka has not acknowledged to the
+    spool. Thread-safe: ``send()`` may be called from any number of threads.
+
+    ``kafka_config`` passes librdkafka properties through (SASL/SSL included; their
+    secrets are never logged or shown). ``enable.idempotence`` and ``acks=all`` are
+    set by logsdk and may not be weakened.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        spool_dir: str | os.PathLike[str],
+        *,
+        buffer: Literal["memory", "shm"] = "memory",
+        kafka_config: Mapping[str, str | int | float | bool] | None = None,
+        spool_synchronous: str = "NORMAL",
+        spool_max_bytes: int | None = 1 << 30,
+        when_full: WhenFull = "block",
+        max_block_s: float = 10.0,
+        buffer_max_records: int = 100_000,
+        stall_timeout_s: float = 10.0,
+        probe_interval_s: float = 1.0,
+        probe_timeout_s: float = 2.0,
+        probe_backoff_max_s: float = 5.0,
+        recovery_probes: int = 3,
+        replay_batch: int = 2_000,
+        replay_max_rate: float | None = 200_000.0,
+        message_max_bytes: int = 1_000_000,
+    ) -> None:
+        self.config = ProducerConfig(
+            bootstrap_servers=bootstrap_servers,
+            topic=topic,
+            spool_dir=os.fspath(spool_dir),
+            buffer=buffer,
+            kafka_config=dict(kafka_config or {}),
+            spool_synchronous=spool_synchronous,
+            spool_max_bytes=spool_max_bytes,
+            when_full=when_full,
+            max_block_s=max_block_s,
+            buffer_max_records=buffer_max_records,
+            stall_timeout_s=stall_timeout_s,
+            probe_interval_s=probe_interval_s,
+            probe_timeout_s=probe_timeout_s,
+            probe_backoff_max_s=probe_backoff_max_s,
+            recovery_probes=recovery_probes,
+            replay_batch=replay_batch,
+            replay_max_rate=replay_max_rate,
+            message_max_bytes=message_max_bytes,
+        )
+        if buffer == "shm":
+            raise ConfigError("buffer='shm' is not available yet; use buffer='memory'")
+        self._topic = topic
+        self._spool = Spool(
+            self.config.spool_dir, synchronous=spool_synchronous, max_bytes=spool_max_bytes
+        ).open()
+        self.producer_id = self._spool.producer_id
+        self._pid_bytes = self.producer_id.encode()
+        self._seq_next = self._spool.seq_reserved
+        self._seq_limit = self._seq_next + _SEQ_BLOCK
+        self._spool.reserve_seq(self._seq_limit)
+        self._recovered_at_start = self._spool.count
+
+        # -- guarded by _lock (send path and state flips) --
+        self._lock = threading.Lock()
+        self._direct = False  # True: send() may hand records straight to librdkafka
+        self._backlog: collections.deque[Rec] = collections.deque()
+        self._n_sent = 0
+        self._n_produced = 0  # fresh records handed to librdkafka (any client)
+        self._n_dropped = 0
+        self._n_rejected = 0
+        self._closing = False
+        self._space = threading.Condition(self._lock)  # send() waiting for room
+
+        # -- owned by the pump thread --
+        self._client: Producer | None = None
+        self._zombies: list[tuple[Producer, float]] = []
+        self._state = State.DEGRADED
+        self._n_acked = 0  # fresh records acknowledged
+        self._n_failed = 0  # fresh records handed back by librdkafka (to spool or reject)
+        self._n_replayed = 0
+        self._n_spooled = 0
+        self._n_possible_dups = 0
+        self._failed: list[Rec] = []
+        self._in_transit = 0  # records between memory and the spool (a commit under way)
+        self._rejects: list[tuple[Row, str]] = []
+        self._replay_cursor = 0
+        self._replay_inflight: dict[int, int] = {}  # spool row id -> size
+        self._acked_ids: list[int] = []
+        self._acked_bytes = 0
+        self._reject_ids: list[tuple[int, str]] = []
+        self._replay_tokens = 0.0
+        self._replay_refill = time.monotonic()
+        self._spool_full = False
+        self._alarm: str | None = None
+        self._disk_retry_at = 0.0
+        self._last_ack = time.monotonic()
+        self._last_idle = time.monotonic()
+        self._transitions = 0
+        self._errors: collections.Counter[str] = collections.Counter()
+
+        # -- requests from other threads to the pump --
+        self._want_degrade: str | None = None
+        self._want_recover = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._done = threading.Condition()
+
+        self._on_delivery_cb = self._on_delivery
+        self._pump = threading.Thread(target=self._pump_loop, name="logsdk-pump", daemon=True)
+        self._health = threading.Thread(target=self._health_loop, name="logsdk-health", daemon=True)
+        if self._recovered_at_start:
+            log.info(
+                "spool %s holds %d record(s) from an earlier run; they are replayed first",
+                self.config.spool_dir,
+                self._recovered_at_start,
+            )
+            self._state = State.DEGRADED
+        else:
+            # Nothing to replay: start ONLINE and let the first failure degrade.
+            self._client = self._new_client()
+            self._state = State.ONLINE
+            self._direct = True
+        self._pump.start()
+        self._health.start()
+
+    # -- public API ----------------------------------------------------------------------
+
+    def send(
+        self,
+        value: bytes | str | dict[str, Any],
+        key: bytes | str | None = None,
+        *,
+        topic: str | None = None,
+        headers: Mapping[str, bytes | str | None]
+        | Sequence[tuple[str, bytes | str | None]]
+        | None = None,
+        timestamp: int | None = None,
+    ) -> None:
+        """Accept one record; never blocks on Kafka.
+
+        ``value``: bytes, str, or a JSON-serialisable dict (anything else raises
+        :class:`~logsdk.errors.SerializationError`, a TypeError, before acceptance).
+        ``timestamp``: milliseconds since the epoch (default: now). Raises
+        :class:`~logsdk.errors.RecordTooLargeError` above ``message_max_bytes`` and,
+        only when Kafka is unavailable and the spool is full, per ``when_full``.
+        """
+        v = value if type(value) is bytes else _to_bytes(value, "value")
+        k = key if (key is None or type(key) is bytes) else _to_bytes(key, "key")
+        h = None if headers is None else _user_headers(headers)
+        if topic is None:
+            topic = self._topic
+        elif not isinstance(topic, str) or not topic:
+            raise ConfigError(f"topic must be a non-empty str, got {topic!r}")
+        if timestamp is not None and (not isinstance(timestamp, int) or timestamp < 0):
+            raise ConfigError(f"timestamp must be milliseconds since the epoch, got {timestamp!r}")
+        size = len(v or b"") + len(k or b"")
+        if size > self.config.message_max_bytes:
+            with self._lock:
+                self._n_rejected += 1
+                self._errors["record_too_large"] += 1
+            raise RecordTooLargeError(
+                f"record of {size} bytes exceeds message_max_bytes={self.config.message_max_bytes}"
+            )
+        with self._lock:
+            if self._closing:
+                raise ProducerClosedError("the producer is closed; it accepts no more records")
+            seq = self._seq_next
+            if seq >= self._seq_limit:
+                self._reserve_seq()
+            if self._direct:
+                hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
+                if h:
+                    hdrs = [*h, *hdrs]
+                try:
+                    self._client.produce(  # type: ignore[union-attr]
+                        topic,
+                        v,
+                        k,
+                        headers=hdrs,
+                        timestamp=timestamp or 0,
+                        on_delivery=self._on_delivery_cb,
+                    )
+                except BufferError:
+                    self._direct = False  # librdkafka's queue is full: queue behind it
+                except KafkaException as exc:
+                    self._errors["produce_error"] += 1
+                    raise _translate_produce_error(exc) from exc
+                else:
+                    self._seq_next = seq + 1
+                    self._n_sent += 1
+                    self._n_produced += 1
+                    return
+            self._enqueue((topic, k, v, h, timestamp, seq))
+            self._seq_next = seq + 1
+            self._n_sent += 1
+        self._wake.set()
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every record is acknowledged or committed in the spool.
+
+        Returns how many records are still neither (0 when done). ``None`` waits up
+        to 60 s. While Kafka is down, flush spools; it does not wait for Kafka.
+        """
+        deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
+        self._wake.set()
+        with self._done:
+            while True:
+                left = self._unsettled()
+                if left == 0 or time.monotonic() >= deadline or not self._pump.is_alive():
+                    return left
+                self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Flush within ``timeout``, then move every unacknowledged record to the spool."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._space.notify_all()
+        self.flush(timeout)
+        self._stop.set()
+        self._wake.set()
+        self._health.join(10)
+        self._pump.join(max(30.0, (timeout or 0) + 30.0))
+        self._shutdown()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges: state, sent, acked, spooled, replayed, dropped, buffered, errors.
+
+        - ``sent``: records accepted by send(); ``acked``: acknowledged by Kafka (fresh and
+          replayed); ``replayed``: acknowledged replays from the spool; ``spooled``:
+          records committed to the spool; ``dropped``: removed by the ``when_full`` policy;
+          ``rejected``: bad records set aside (too large, invalid);
+          ``buffered``: in memory, neither acknowledged nor spooled;
+          ``spool_records``/``spool_bytes``: what the spool holds now;
+          ``alarm``: None, or why the disk cannot be used.
+        """
+        with self._lock:
+            backlog = len(self._backlog) + self._in_transit + len(self._failed)
+            sent, dropped, rejected = self._n_sent, self._n_dropped, self._n_rejected
+            produced = self._n_produced
+        outstanding = produced - self._n_acked - self._n_failed
+        return {
+            "state": self._state.value,
+            "producer_id": self.producer_id,
+            "sent": sent,
+            "acked": self._n_acked + self._n_replayed,
+            "spooled": self._n_spooled,
+            "replayed": self._n_replayed,
+            "dropped": dropped,
+            "rejected": rejected,
+            "buffered": backlog + outstanding,
+            "in_flight": outstanding + len(self._replay_inflight),
+            "spool_records": self._spool.count,
+            "spool_bytes": self._spool.bytes,
+            "recovered_at_start": self._recovered_at_start,
+            "possible_duplicates": self._n_possible_dups,
+            "transitions": self._transitions,
+            "alarm": self._alarm,
+            "spool_corrupt_files": self._spool.corrupt_files_moved,
+            "errors": dict(self._errors),
+        }
+
+    @property
+    def state(self) -> State:
+        """The current state."""
+        return self._state
+
+    def __enter__(self) -> LogProducer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LogProducer(topic={self._topic!r}, state={self._state.value}, {self.config!r})"
+
+    # -- send path helpers (caller holds _lock) ----------------------------------------------
+
+    def _reserve_seq(self) -> None:
+        self._seq_limit += _SEQ_BLOCK
+        self._spool.reserve_seq(self._seq_limit)
+
+    def _enqueue(self, rec: Rec) -> None:
+        """Append to the backlog, applying ``when_full`` when memory and spool are full."""
+        cfg = self.config
+        full = len(self._backlog) >= cfg.buffer_max_records or (
+            self._spool_full and cfg.when_full in ("block", "raise")
+        )
+        if full:
+            policy = cfg.when_full
+            if policy == "drop_newest":
+                self._n_dropped += 1  # accepted (counted in sent by the caller), then dropped
+                return
+            if policy == "drop_oldest":
+                if len(self._backlog) >= cfg.buffer_max_records:
+                    self._backlog.popleft()
+                    self._n_dropped += 1
+                self._backlog.append(rec)
+                return
+            if policy == "raise":
+                raise SpoolFullError(self._full_reason())
+            deadline = time.monotonic() + cfg.max_block_s
+            while (
+                len(self._backlog) >= cfg.buffer_max_records or self._spool_full
+            ) and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BufferFullError(
+                        f"{self._full_reason()}; waited max_block_s={cfg.max_block_s}"
+                    )
+                self._wake.set()
+                self._space.wait(min(left, 0.05))
+        self._backlog.append(rec)
+
+    def _full_reason(self) -> str:
+        if self._spool_full:
+            return (
+                f"Kafka is unavailable and the spool is full (spool_max_bytes="
+                f"{self.config.spool_max_bytes})"
+            )
+        return f"memory buffer full (buffer_max_records={self.config.buffer_max_records})"
+
+    # -- delivery callbacks (pump thread) ---------------------------------------------------
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self._n_acked += 1
+            self._last_ack = time.monotonic()
+            return
+        rec = _rec_from_message(msg)
+        if _client.is_record_error(err):
+            self._reject(rec, err)
+            self._n_failed += 1
+            return
+        if err.code() in _client.POSSIBLY_PERSISTED:
+            self._n_possible_dups += 1
+        self._errors[err.name()] += 1
+        self._failed.append(rec)  # before the count below: flush() must never miss it
+        self._n_failed += 1
+        self._request_degrade(f"delivery failed: {err.str()}")
+
+    def _on_replay_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
+        size = self._replay_inflight.pop(rid, 0)
+        if err is None:
+            self._n_replayed += 1
+            self._acked_ids.append(rid)
+            self._acked_bytes += size
+            self._last_ack = time.monotonic()
+            return
+        if _client.is_record_error(err):
+            with self._lock:
+                self._n_rejected += 1
+            self._errors["rejected"] += 1
+            log.error("record seq=%s rejected by Kafka (%s); set aside", _seq_of(msg), err.str())
+            self._reject_ids.append((rid, err.str()))
+            return
+        if err.code() in _client.POSSIBLY_PERSISTED:
+            self._n_possible_dups += 1
+        self._errors[err.name()] += 1
+        self._request_degrade(f"replay delivery failed: {err.str()}")
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._errors["fatal"] += 1
+            self._request_degrade(f"fatal client error: {err.str()}")
+        elif _client.is_cluster_down(err):
+            self._request_degrade(f"cluster unreachable: {err.str()}")
+
+    def _reject(self, rec: Rec, err: KafkaError) -> None:
+        with self._lock:
+            self._n_rejected += 1
+        self._errors["rejected"] += 1
+        log.error("record seq=%d rejected by Kafka (%s); set aside in the spool", rec[5], err.str())
+        self._rejects.append((_row(rec), err.str()))
+
+    def _request_degrade(self, reason: str) -> None:
+        if self._want_degrade is None:
+            self._want_degrade = reason
+        self._wake.set()
+
+    # -- pump thread ------------------------------------------------------------------------
+
+    def _pump_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                busy = self._step()
+                with self._done:
+                    self._done.notify_all()
+                if not busy:
+                    client = self._client
+                    if client is not None:
+                        client.poll(0.01)
+                    else:
+                        self._wake.wait(0.01)
+                    self._wake.clear()
+        except Exception:  # pragma: no cover - a bug; keep the records, say so loudly
+            log.exception("logsdk pump thread crashed; records stay buffered until close()")
+
+    def _step(self) -> bool:
+        """One round of work; True when there may be more to do right away."""
+        client = self._client
+        if client is not None:
+            client.poll(0)
+        for z, _since in list(self._zombies):
+            z.poll(0)
+        reason, self._want_degrade = self._want_degrade, None
+        if reason is not None and self._state is not State.DEGRADED:
+            self._degrade(reason)
+        self._settle_spool()
+        state = self._state
+        busy = False
+        if state is State.ONLINE:
+            busy = self._drain_backlog_to_client()
+            if self._outstanding() == 0:
+                self._last_idle = time.monotonic()
+        elif state is State.DEGRADED:
+            if self._want_recover:
+                self._want_recover = False
+                self._start_recovery()
+            else:
+                busy = self._spool_pending()
+        elif state is State.RECOVERING:
+            busy = self._recover_step()
+        return busy
+
+    def _outstanding(self) -> int:
+        return self._n_produced - self._n_acked - self._n_failed
+
+    def _unsettled(self) -> int:
+        """Records neither acknowledged nor committed to the spool (nor dropped/rejected)."""
+        with self._lock:
+            backlog = len(self._backlog) + self._in_transit + len(self._failed)
+        return backlog + max(0, self._outstanding())
+
+    def _new_client(self) -> Producer:
+        return _client.new_producer(self.config.librdkafka(), self._on_error)
+
+    def _set_state(self, new: State, reason: str) -> None:
+        old = self._state
+        self._state = new
+        self._transitions += 1
+        level = logging.WARNING if new is State.DEGRADED else logging.INFO
+        log.log(level, "logsdk producer %s -> %s: %s", old.value, new.value, reason)
+
+    def _degrade(self, reason: str) -> None:
+        """Take the client away: every record it holds comes back and goes to the spool."""
+        with self._lock:
+            self._direct = False
+            self._set_state(State.DEGRADED, reason)
+        self._retire_client()
+        self._replay_inflight.clear()
+        self._replay_cursor = 0  # unacknowledged replays are still in the spool: re-read
+
+    def _retire_client(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            client.purge(in_queue=True, in_flight=True, blocking=False)
+        except KafkaException as exc:  # a fatal client may refuse; its reports still come
+            log.warning("purge failed: %s", exc)
+        deadline = time.monotonic() + _PURGE_WAIT_S
+        while (self._outstanding() > 0 or self._replay_inflight) and time.monotonic() < deadline:
+            client.poll(0.05)
+        if self._outstanding() > 0 or self._replay_inflight:
+            # Never drop a client that still owes delivery reports: its records would be lost.
+            log.error(
+                "client still holds %d record(s) after purge; keeping it until it reports",
+                self._outstanding(),
+            )
+            self._zombies.append((client, time.monotonic()))
+        else:
+            del client
+
+    def _start_recovery(self) -> None:
+        self._spool_pending()  # what is already failed goes first
+        if self._failed:
+            return  # the disk refused them: stay DEGRADED (records in memory) and retry
+        self._client = self._new_client()
+        self._replay_cursor = 0
+        self._replay_tokens = 0.0
+        self._replay_refill = time.monotonic()
+        self._set_state(State.RECOVERING, f"{self.config.recovery_probes} good probes")
+        self._last_idle = time.monotonic()
+
+    def _recover_step(self) -> bool:
+        """Replay the spool; when it is empty, hand the backlog over and go ONLINE."""
+        cfg = self.config
+        with self._lock:
+            over = len(self._backlog) - cfg.buffer_max_records // 2
+        if over > 0:
+            # The backlog waits behind the spool; keep memory bounded by spilling its head.
+            self._spool_pending(limit=over)
+        if self._spool.count > 0 or self._replay_inflight:
+            return self._replay_some()
+        if self._failed:
+            return False
+        # Spool drained: the backlog (all newer than anything replayed) goes next.
+        with self._lock:
+            while self._backlog:
+                if not self._produce_rec(self._backlog[0]):
+                    return True
+                self._backlog.popleft()
+            self._direct = True
+            self._set_state(State.ONLINE, "spool drained")
+            self._space.notify_all()
+        return False
+
+    def _replay_some(self) -> bool:
+        cfg = self.config
+        window = cfg.replay_batch * 2
+        room = window - len(self._replay_inflight)
+        if room <= 0 or self._client is None:
+            return False
+        if cfg.replay_max_rate is not None:
+            now = time.monotonic()
+            self._replay_tokens = min(
+                float(cfg.replay_batch),
+                self._replay_tokens + (now - self._replay_refill) * cfg.replay_max_rate,
+            )
+            self._replay_refill = now
+            room = min(room, int(self._replay_tokens))
+            if room <= 0:
+                return False
+        try:
+            rows = self._spool.read_after(self._replay_cursor, min(room, cfg.replay_batch))
+        except SpoolError as exc:
+            self._disk_alarm(exc)
+            return False
+        client = self._client
+        sent = 0
+        for rid, topic, key, value, hblob, ts, seq, size in rows:
+            hdrs: KHeaders = [
+                *decode_headers(hblob),
+                (HEADER_PRODUCER, self._pid_bytes),
+                (HEADER_SEQ, b"%d" % seq),
+            ]
+            try:
+                client.produce(
+                    topic,
+                    value,
+                    key,
+                    headers=hdrs,
+                    timestamp=ts or 0,
+                    on_delivery=functools.partial(self._on_replay_delivery, rid),
+                )
+            except BufferError:
+                break
+            except KafkaException as exc:
+                self._errors["produce_error"] += 1
+                self._reject_ids.append((rid, str(exc)))
+                continue
+            self._replay_inflight[rid] = size
+            self._replay_cursor = rid
+            sent += 1
+        if cfg.replay_max_rate is not None:
+            self._replay_tokens -= sent
+        return sent > 0
+
+    def _drain_backlog_to_client(self) -> bool:
+        """ONLINE with a backlog (librdkafka was full): feed it in order, then go direct."""
+        with self._lock:
+            if self._direct or not self._backlog:
+                if not self._direct and not self._backlog:
+                    self._direct = True
+                return False
+            if len(self._backlog) > self.config.buffer_max_records:
+                self._want_degrade = "local queue full beyond buffer_max_records"
+                return True
+            while self._backlog:
+                if not self._produce_rec(self._backlog[0]):
+                    return False
+                self._backlog.popleft()
+            self._direct = True
+            self._space.notify_all()
+        return False
+
+    def _produce_rec(self, rec: Rec) -> bool:
+        """Hand one fresh record to the client (caller holds _lock). False when full."""
+        topic, k, v, h, ts, seq = rec
+        hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
+        if h:
+            hdrs = [*h, *hdrs]
+        try:
+            self._client.produce(  # type: ignore[union-attr]
+                topic, v, k, headers=hdrs, timestamp=ts or 0, on_delivery=self._on_delivery_cb
+            )
+        except BufferError:
+            return False
+        except KafkaException as exc:
+            self._errors["produce_error"] += 1
+            self._n_rejected += 1
+            self._rejects.append((_row(rec), str(exc)))
+            return True
+        self._n_produced += 1
+        return True
+
+    def _spool_pending(self, limit: int | None = None) -> bool:
+        """Commit failed records, then the backlog's head, to the spool. True if more left."""
+        if self._alarm is not None and time.monotonic() < self._disk_retry_at:
+            return False
+        if self._failed:
+            self._failed.sort(key=lambda r: r[5])  # send order, whatever the partition
+            with self._lock:
+                batch, self._failed = self._failed, []
+                self._in_transit = len(batch)
+            try:
+                if not self._commit(batch, from_backlog=False):
+                    self._failed = batch + self._failed
+                    return False
+            finally:
+                self._in_transit = 0
+        with self._lock:
+            n = min(len(self._backlog), _SPOOL_BATCH if limit is None else limit)
+            batch = [self._backlog.popleft() for _ in range(n)]
+            # Counted until committed, so flush() never sees them as settled too early.
+            self._in_transit = n
+        if not batch:
+            return False
+        try:
+            if not self._commit(batch, from_backlog=True):
+                with self._lock:
+                    self._backlog.extendleft(reversed(batch))
+                return False
+        finally:
+            self._in_transit = 0
+        with self._lock:
+            self._space.notify_all()
+            return bool(self._backlog)
+
+    def _commit(self, recs: list[Rec], from_backlog: bool) -> bool:
+        """Write records to the spool under the cap policy. False: not written, keep them."""
+        rows = [_row(r) for r in recs]
+        room = self._spool.room()
+        if room is not None:
+            need = sum(row_size(r) for r in rows)
+            if need > room:
+                policy = self.config.when_full
+                if policy == "drop_oldest":
+                    try:
+                        dropped = self._spool.drop_oldest(need - room)
+                    except SpoolError as exc:
+                        self._disk_alarm(exc)
+                        return False
+                    if dropped:
+                        with self._lock:
+                            self._n_dropped += dropped
+                        log.warning("spool full: dropped %d oldest record(s)", dropped)
+                    room = self._spool.room() or 0
+                fit, used = 0, 0
+                for r in rows:
+                    s = row_size(r)
+                    if used + s > room:
+                        break
+                    used += s
+                    fit += 1
+                if fit < len(rows):
+                    if policy in ("drop_newest", "drop_oldest"):
+                        n_drop = len(rows) - fit
+                        with self._lock:
+                            self._n_dropped += n_drop
+                        log.warning("spool full: dropped %d newest record(s)", n_drop)
+                        rows = rows[:fit]
+                    else:
+                        # block / raise: keep the rest in memory; send() applies the policy.
+                        self._spool_full = True
+                        if fit == 0:
+                            return False
+                        head = recs[fit:]
+                        rows = rows[:fit]
+                        if from_backlog:
+                            with self._lock:
+                                self._backlog.extendleft(reversed(head))
+                        else:
+                            self._failed = head + self._failed
+                else:
+                    self._spool_full = False
+            else:
+                self._spool_full = False
+        try:
+            self._spool.append(rows)
+        except SpoolError as exc:
+            self._disk_alarm(exc)
+            return False
+        self._n_spooled += len(rows)
+        if self._alarm is not None:
+            log.warning("spool writable again: %s cleared", self._alarm)
+            self._alarm = None
+        return True
+
+    def _disk_alarm(self, exc: SpoolError) -> None:
+        if self._alarm is None:
+            log.error("spool unusable, records kept in memory until it recovers: %s", exc)
+        self._alarm = str(exc)
+        self._errors["spool_io"] += 1
+        self._disk_retry_at = time.monotonic() + 1.0
+
+    def _settle_spool(self) -> None:
+        """Delete acknowledged replays and set rejected ones aside."""
+        try:
+            if self._rejects:
+                rejects, self._rejects = self._rejects, []
+                self._spool.reject(rejects)
+            if self._reject_ids:
+                pairs, self._reject_ids = self._reject_ids, []
+                self._spool.move_to_rejected(pairs)
+            if self._acked_ids:
+                ids, self._acked_ids = self._acked_ids, []
+                freed, self._acked_bytes = self._acked_bytes, 0
+                self._spool.delete(ids, freed)
+            if self._spool_full and (self._spool.room() or 0) > 0:
+                self._spool_full = False
+                with self._lock:
+                    self._space.notify_all()
+        except SpoolError as exc:
+            self._disk_alarm(exc)
+
+    def _shutdown(self) -> None:
+        """After the threads stopped: everything unacknowledged goes to the spool."""
+        with self._lock:
+            self._direct = False
+        self._retire_client()
+        for z, _ in self._zombies:
+            z.flush(5)
+        self._settle_spool()
+        while self._failed or self._backlog:
+            before = len(self._failed) + len(self._backlog)
+            self._disk_retry_at = 0.0
+            self._spool_pending()
+            if len(self._failed) + len(self._backlog) >= before:
+                break
+        lost = len(self._failed) + len(self._backlog)
+        if lost:
+            log.error(
+                "close(): %d record(s) could not be written to the spool (%s) and are lost",
+                lost,
+                self._alarm or "spool full",
+            )
+            self._errors["lost_on_close"] += lost
+        self._state = State.CLOSED
+        self._spool.close()
+
+    # -- health thread ----------------------------------------------------------------------
+
+    def _health_loop(self) -> None:
+        cfg = self.config
+        good = bad = 0
+        backoff = 0.1
+        next_probe = time.monotonic()
+        while not self._stop.is_set():
+            state = self._state
+            now = time.monotonic()
+            if state in (State.ONLINE, State.RECOVERING):
+                backoff, good = 0.1, 0
+                busy = self._outstanding() > 0 or self._replay_inflight
+                if busy and now - max(self._last_ack, self._last_idle) > cfg.stall_timeout_s:
+                    self._request_degrade(
+                        f"no acknowledgement for {cfg.stall_timeout_s:g}s with records in flight"
+                    )
+                elif state is State.ONLINE and now >= next_probe:
+                    client = self._client
+                    ok = client is not None and _client.client_probe(
+                        client, self._topic, cfg.probe_timeout_s
+                    )
+                    bad = 0 if ok else bad + 1
+                    if bad >= 2:
+                        self._request_degrade("health probe failed twice")
+                        bad = 0
+                    next_probe = time.monotonic() + cfg.probe_interval_s
+                self._stop.wait(0.1)
+            elif state is State.DEGRADED:
+                if _client.probe(cfg.probe_config(), self._topic, cfg.probe_timeout_s):
+                    good += 1
+                    backoff = 0.1
+                    if good >= cfg.recovery_probes:
+                        good = 0
+                        self._want_recover = True
+                        self._wake.set()
+                    self._stop.wait(0.1)
+                else:
+                    good = 0
+                    delay = backoff * (0.5 + random.random())  # jitter: no thundering herd
+                    backoff = min(backoff * 2, cfg.probe_backoff_max_s)
+                    self._stop.wait(delay)
+            else:
+                self._stop.wait(0.1)
+
+
+def _translate_produce_error(exc: KafkaException) -> Exception:
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return RecordTooLargeError(f"record rejected by the client: {err.str()}")
+    return SpoolError(f"could not hand the record to librdkafka: {exc}")
+
+
+def _headers_of(msg: Message) -> Headers:
+    raw = msg.headers() or []
+    items = raw.items() if isinstance(raw, dict) else raw
+    return [(n, v.encode() if isinstance(v, str) else v) for n, v in items]
+
+
+def _seq_of(msg: Message) -> int:
+    for name, val in reversed(_headers_of(msg)):
+        if name == HEADER_SEQ and val is not None:
+            return int(val)
+    return -1
+
+
+def _rec_from_message(msg: Message) -> Rec:
+    """Rebuild a record from a failed delivery report (librdkafka hands the data back)."""
+    user: Headers = []
+    seq = -1
+    for name, val in _headers_of(msg):
+        if name == HEADER_SEQ and val is not None:
+            seq = int(val)
+        elif name != HEADER_PRODUCER:
+            user.append((name, val))
+    ts_type, ts = msg.timestamp()
+    return (
+        msg.topic() or "",
+        msg.key(),
+        msg.value(),
+        user or None,
+        None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        seq,
+    )
+
+
+def _row(rec: Rec) -> Row:
+    topic, k, v, h, ts, seq = rec
+    return (topic, k, v, encode_headers(h), ts, seq)

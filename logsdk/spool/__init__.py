@@ -1,0 +1,5 @@
+"""The on-disk spool (SQLite through sqlite-utils) that holds records Kafka has not acked."""
+
+from logsdk.spool._spool import Spool, decode_headers, encode_headers
+
+__all__ = ["Spool", "decode_headers", "encode_headers"]

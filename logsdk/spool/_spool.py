@@ -1,0 +1,463 @@
+"""The on-disk spool: SQLite in WAL mode, one database per producer directory.
+
+Invariants:
+- a row is the durable copy of a record that Kafka has not acknowledged; it is
+  deleted only after its acknowledgement (the producer calls :meth:`Spool.delete`
+  from the ack), so at any instant every accepted record is in Kafka, in the
+  spool, or still in the producer's memory;
+- rows are read back in insertion order (``id``), which is send order, so
+  per-partition order survives spill and replay;
+- one live producer per directory (an exclusive ``flock`` on ``LOCK``);
+- the producer id and the sequence high-water mark live in ``state.json``
+  beside the database, written atomically, so they survive a corrupt database
+  being moved aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sqlite_utils
+
+from logsdk.errors import ConfigError, SpoolError, SpoolLockedError
+
+log = logging.getLogger("logsdk.spool")
+
+DB_NAME = "spool.db"
+STATE_NAME = "state.json"
+LOCK_NAME = "LOCK"
+SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: Bytes counted per row on top of key, value and headers (ids, topic, timestamps).
+ROW_OVERHEAD = 64
+
+#: One row as the producer hands it over: topic, key, value, headers blob, ts, seq.
+Row = tuple[str, bytes | None, bytes | None, bytes | None, int | None, int]
+#: A row read back: id, topic, key, value, headers blob, ts, seq, size.
+StoredRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, int, int]
+
+Headers = list[tuple[str, bytes | None]]
+_H = struct.Struct(">HI")
+_NONE = 0xFFFFFFFF
+
+
+def encode_headers(headers: Headers | None) -> bytes | None:
+    """Pack user headers as (u16 name length, u32 value length, name, value)*."""
+    if not headers:
+        return None
+    out = bytearray()
+    for name, value in headers:
+        nb = name.encode()
+        out += _H.pack(len(nb), _NONE if value is None else len(value))
+        out += nb
+        if value is not None:
+            out += value
+    return bytes(out)
+
+
+def decode_headers(blob: bytes | None) -> Headers:
+    """Inverse of :func:`encode_headers`."""
+    if not blob:
+        return []
+    out: Headers = []
+    i, n = 0, len(blob)
+    while i < n:
+        nlen, vlen = _H.unpack_from(blob, i)
+        i += _H.size
+        name = blob[i : i + nlen].decode()
+        i += nlen
+        if vlen == _NONE:
+            out.append((name, None))
+        else:
+            out.append((name, blob[i : i + vlen]))
+            i += vlen
+    return out
+
+
+def row_size(row: Row) -> int:
+    """Bytes a row counts against ``spool_max_bytes``."""
+    return len(row[1] or b"") + len(row[2] or b"") + len(row[3] or b"") + ROW_OVERHEAD
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for SQLITE_FULL / ENOSPC-style errors."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code == sqlite3.SQLITE_FULL or "disk is full" in str(exc) or "No space" in str(exc)
+
+
+class Spool:
+    """A durable FIFO of records for one producer directory.
+
+    Not thread-safe: the producer uses it from one thread at a time.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        synchronous: str = "NORMAL",
+        max_bytes: int | None = None,
+    ) -> None:
+        sync = synchronous.upper()
+        if sync not in SYNCHRONOUS:
+            raise ConfigError(
+                f"spool synchronous must be one of {SYNCHRONOUS}, got {synchronous!r}"
+            )
+        if max_bytes is not None and max_bytes <= 0:
+            raise ConfigError(f"spool_max_bytes must be > 0 or None, got {max_bytes!r}")
+        self.directory = Path(directory)
+        self.synchronous = sync
+        self.max_bytes = max_bytes
+        self.count = 0
+        self.bytes = 0
+        self.corrupt_files_moved = 0
+        self._lock_fd: int | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._state: dict[str, object] = {}
+
+    # -- open / close --------------------------------------------------------------------
+
+    def open(self) -> Spool:
+        """Take the directory lock, open (or re-create) the database, load the state."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"cannot create spool dir {self.directory}: {exc}") from exc
+        self._take_lock()
+        try:
+            self._load_state()
+            self._conn = self._open_db()
+        except BaseException:
+            self._release_lock()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Checkpoint and close the database and release the directory lock."""
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.close()
+            self._conn = None
+        self._release_lock()
+
+    @property
+    def db_path(self) -> Path:
+        """Path of the SQLite database."""
+        return self.directory / DB_NAME
+
+    def _take_lock(self) -> None:
+        path = self.directory / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise SpoolLockedError(
+                f"spool dir {self.directory} is in use by another LogProducer (pid {owner}); "
+                "give each producer its own spool_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _open_db(self) -> sqlite3.Connection:
+        try:
+            return self._connect_and_check()
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and not _looks_corrupt(exc):
+                raise SpoolError(f"cannot open spool {self.db_path}: {exc}") from exc
+            moved = self._move_aside()
+            log.error(
+                "spool %s is corrupt (%s); moved aside to %s and starting a fresh one",
+                self.db_path,
+                exc,
+                moved,
+            )
+            self.corrupt_files_moved += 1
+            try:
+                return self._connect_and_check()
+            except sqlite3.Error as exc2:
+                raise SpoolError(f"cannot create a fresh spool {self.db_path}: {exc2}") from exc2
+
+    def _connect_and_check(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            row = conn.execute("PRAGMA quick_check").fetchone()
+            if row is None or row[0] != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
+            db = sqlite_utils.Database(conn)
+            records = db.table("records")
+            if not records.exists():
+                records.create(
+                    {
+                        "id": int,
+                        "topic": str,
+                        "key": bytes,
+                        "value": bytes,
+                        "headers": bytes,
+                        "ts": int,
+                        "seq": int,
+                        "size": int,
+                    },
+                    pk="id",
+                )
+            rejected = db.table("rejected")
+            if not rejected.exists():
+                rejected.create(
+                    {
+                        "id": int,
+                        "topic": str,
+                        "key": bytes,
+                        "value": bytes,
+                        "headers": bytes,
+                        "ts": int,
+                        "seq": int,
+                        "error": str,
+                        "at": float,
+                    },
+                    pk="id",
+                )
+            count, total = conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0) FROM records"
+            ).fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        self.count, self.bytes = int(count), int(total)
+        return conn
+
+    def _move_aside(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.directory / f"{DB_NAME}.corrupt-{stamp}-{uuid.uuid4().hex[:6]}"
+        for suffix in ("", "-wal", "-shm"):
+            src = self.directory / f"{DB_NAME}{suffix}"
+            if src.exists():
+                os.replace(src, f"{target}{suffix}")
+        return target
+
+    # -- state (producer id, sequence high-water) -----------------------------------------
+
+    def _load_state(self) -> None:
+        path = self.directory / STATE_NAME
+        try:
+            self._state = json.loads(path.read_text())
+            if not isinstance(self._state.get("producer_id"), str):
+                raise ValueError("no producer_id")
+        except FileNotFoundError:
+            self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
+            self._write_state()
+        except (ValueError, OSError) as exc:
+            # The id is lost with the file: start a new identity rather than guess one.
+            log.error("spool state %s unreadable (%s); starting a new producer id", path, exc)
+            self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
+            self._write_state()
+
+    def _write_state(self) -> None:
+        path = self.directory / STATE_NAME
+        tmp = path.with_suffix(".tmp")
+        data = json.dumps(self._state).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    @property
+    def producer_id(self) -> str:
+        """The stable id of the producer that owns this directory."""
+        return str(self._state["producer_id"])
+
+    @property
+    def seq_reserved(self) -> int:
+        """Sequence numbers below this may have been used; a restart starts here."""
+        value = self._state.get("seq_reserved", 0)
+        return value if isinstance(value, int) else 0
+
+    def reserve_seq(self, upto: int) -> None:
+        """Persist that sequence numbers up to ``upto`` may be used."""
+        self._state["seq_reserved"] = upto
+        try:
+            self._write_state()
+        except OSError as exc:
+            raise SpoolError(f"cannot persist the sequence number: {exc}") from exc
+
+    # -- records ---------------------------------------------------------------------------
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise SpoolError("the spool is closed")
+        return self._conn
+
+    def room(self) -> int | None:
+        """Bytes left under ``max_bytes`` (None: no cap)."""
+        return None if self.max_bytes is None else max(0, self.max_bytes - self.bytes)
+
+    def append(self, rows: Sequence[Row]) -> None:
+        """Commit ``rows`` in one transaction; on error nothing is committed."""
+        if not rows:
+            return
+        conn = self.conn
+        sizes = [row_size(r) for r in rows]
+        try:
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO records (topic, key, value, headers, ts, seq, size) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(*r, s) for r, s in zip(rows, sizes, strict=True)],
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise SpoolError(f"spool write failed: {exc}") from exc
+        self.count += len(rows)
+        self.bytes += sum(sizes)
+
+    def read_after(self, after_id: int, limit: int) -> list[StoredRow]:
+        """Up to ``limit`` rows with id > ``after_id``, oldest first."""
+        try:
+            cur = self.conn.execute(
+                "SELECT id, topic, key, value, headers, ts, seq, size FROM records "
+                "WHERE id > ? ORDER BY id LIMIT ?",
+                (after_id, limit),
+            )
+            return cur.fetchall()
+        except sqlite3.Error as exc:
+            raise SpoolError(f"spool read failed: {exc}") from exc
+
+    def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> None:
+        """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query."""
+        idl = list(ids)
+        if not idl:
+            return
+        conn = self.conn
+        freed = 0
+        before = conn.total_changes
+        try:
+            conn.execute("BEGIN")
+            for i in range(0, len(idl), 500):
+                chunk = idl[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                if freed_bytes is None:
+                    (size,) = conn.execute(
+                        f"SELECT coalesce(sum(size), 0) FROM records WHERE id IN ({marks})", chunk
+                    ).fetchone()
+                    freed += int(size)
+                conn.execute(f"DELETE FROM records WHERE id IN ({marks})", chunk)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            self._recount()
+            raise SpoolError(f"spool delete failed: {exc}") from exc
+        if conn.total_changes - before != len(idl):
+            self._recount()  # some rows were already gone (dropped by policy): recount
+        else:
+            self.count -= len(idl)
+            self.bytes -= freed if freed_bytes is None else freed_bytes
+
+    def drop_oldest(self, need_bytes: int) -> int:
+        """Delete the oldest rows until ``need_bytes`` are free; returns rows dropped."""
+        conn = self.conn
+        dropped = freed = 0
+        try:
+            conn.execute("BEGIN")
+            for rid, size in conn.execute("SELECT id, size FROM records ORDER BY id").fetchall():
+                if freed >= need_bytes:
+                    break
+                conn.execute("DELETE FROM records WHERE id = ?", (rid,))
+                dropped += 1
+                freed += int(size)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            self._recount()
+            raise SpoolError(f"spool drop failed: {exc}") from exc
+        self.count -= dropped
+        self.bytes -= freed
+        return dropped
+
+    def move_to_rejected(self, pairs: Sequence[tuple[int, str]]) -> None:
+        """Move rows (id, error) from ``records`` to ``rejected``: Kafka refused them."""
+        conn = self.conn
+        now = time.time()
+        try:
+            conn.execute("BEGIN")
+            for rid, err in pairs:
+                conn.execute(
+                    "INSERT INTO rejected (topic, key, value, headers, ts, seq, error, at) "
+                    "SELECT topic, key, value, headers, ts, seq, ?, ? FROM records WHERE id = ?",
+                    (err, now, rid),
+                )
+                conn.execute("DELETE FROM records WHERE id = ?", (rid,))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise SpoolError(f"spool write failed: {exc}") from exc
+        finally:
+            self._recount()
+
+    def reject(self, rows: Sequence[tuple[Row, str]]) -> None:
+        """Set records aside in the ``rejected`` table: bad data kept for inspection."""
+        conn = self.conn
+        now = time.time()
+        try:
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO rejected (topic, key, value, headers, ts, seq, error, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*r, err, now) for r, err in rows],
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise SpoolError(f"spool write failed: {exc}") from exc
+
+    def rejected_count(self) -> int:
+        """Rows set aside as rejected (bad data), kept for inspection."""
+        return int(self.conn.execute("SELECT count(*) FROM rejected").fetchone()[0])
+
+    def _recount(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            c, b = self.conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0) FROM records"
+            ).fetchone()
+            self.count, self.bytes = int(c), int(b)
+
+
+def _looks_corrupt(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return any(w in text for w in ("malformed", "not a database", "corrupt", "quick_check"))
