@@ -17,11 +17,15 @@ in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
 
 from logsdk.testing._admin import create_topic, read_topic
 from logsdk.testing._broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
+from logsdk.testing._check import DeliveryReport, check_delivery, identity
 
 __all__ = [
+    "DeliveryReport",
     "EmbeddedBroker",
+    "check_delivery",
     "create_topic",
     "free_port",
+    "identity",
     "port_is_free",
     "read_topic",
     "tansu_binary",

@@ -32,8 +32,12 @@ def create_topic(
     config: Mapping[str, str] | None = None,
     extra_config: Mapping[str, str | int | float | bool] | None = None,
     timeout: float = 20.0,
+    exist_ok: bool = False,
 ) -> str:
-    """Create ``name`` with ``partitions`` partitions and wait until every one has a leader."""
+    """Create ``name`` with ``partitions`` partitions and wait until every one has a leader.
+
+    With ``exist_ok``, a topic that already exists (with any partition count) is fine.
+    """
     if partitions < 1:
         raise ConfigError(f"partitions must be >= 1, got {partitions}")
     conf: ClientConfig = {"bootstrap.servers": bootstrap_servers}
@@ -49,14 +53,18 @@ def create_topic(
     try:
         futures[name].result(timeout)
     except KafkaException as exc:
-        raise BrokerError(f"could not create topic {name!r}: {exc}") from exc
+        err = exc.args[0] if exc.args else None
+        exists = isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS
+        if not (exist_ok and exists):
+            raise BrokerError(f"could not create topic {name!r}: {exc}") from exc
+        partitions = 0  # keep whatever it has
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         md = admin.list_topics(name, timeout=5).topics.get(name)
         if (
             md is not None
             and md.error is None
-            and len(md.partitions) == partitions
+            and (len(md.partitions) == partitions or (partitions == 0 and md.partitions))
             and all(p.leader >= 0 for p in md.partitions.values())
         ):
             return name

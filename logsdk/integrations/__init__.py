@@ -1,0 +1,1 @@
+"""Adapters from logging frameworks to a LogProducer."""

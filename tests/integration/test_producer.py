@@ -1,0 +1,299 @@
+"""LogProducer against a real broker: delivery, headers, bad input, spool, overflow, disk."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logsdk import LogProducer
+from logsdk.errors import (
+    BufferFullError,
+    RecordTooLargeError,
+    SerializationError,
+    SpoolFullError,
+    SpoolLockedError,
+)
+from logsdk.integrations.logging import KafkaHandler
+from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
+from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import FAST, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_delivers_everything_with_headers(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Every record arrives once, with logsdk.producer/logsdk.seq headers, in order."""
+    topic = fresh_topic(3)
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        for i in range(5000):
+            p.send({"i": i}, key=str(i % 7), headers={"app": "test"})
+        assert p.flush(30) == 0
+        pid = p.producer_id
+        assert p.stats()["acked"] == 5000
+    msgs = read_topic(kafka_broker.bootstrap_servers, topic)
+    rep = check_delivery(msgs)
+    assert rep.unique == 5000 and rep.duplicates == 0
+    assert rep.missing(pid, range(5000)) == []
+    assert rep.order_violations == 0
+    assert ("app", b"test") in (msgs[0].headers() or [])
+
+
+def test_value_types(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """bytes, str and dict values are sent as bytes, UTF-8 and compact JSON."""
+    topic = fresh_topic(1)
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        p.send(b"raw")
+        p.send("tëxt")
+        p.send({"a": 1, "b": [1, 2]})
+        assert p.flush(10) == 0
+    values = [m.value() for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    assert values == [b"raw", "tëxt".encode(), b'{"a":1,"b":[1,2]}']
+
+
+def test_unserialisable_value_raises_before_acceptance(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A set, an object or a dict holding one raises TypeError and is not counted as sent."""
+    with LogProducer(kafka_broker.bootstrap_servers, fresh_topic(1), tmp_path) as p:
+        for bad in ({1, 2}, object(), {"x": object()}, 3.5):
+            with pytest.raises(TypeError):
+                p.send(bad)  # type: ignore[arg-type]
+        with pytest.raises(SerializationError, match="reserved"):
+            p.send("x", headers={"logsdk.seq": b"1"})
+        assert p.stats()["sent"] == 0
+
+
+def test_record_too_large_is_rejected_and_rest_flows(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A record above message_max_bytes raises, is counted, and never blocks the others."""
+    topic = fresh_topic(1)
+    with LogProducer(
+        kafka_broker.bootstrap_servers, topic, tmp_path, message_max_bytes=10_000
+    ) as p:
+        p.send("before")
+        with pytest.raises(RecordTooLargeError, match="10000"):
+            p.send(b"x" * 20_000)
+        p.send("after")
+        assert p.flush(10) == 0
+        assert p.stats()["rejected"] == 1
+        assert p.stats()["errors"]["record_too_large"] == 1
+    got = [m.value() for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    assert got == [b"before", b"after"]
+
+
+def test_second_producer_on_same_dir_refused(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Two producers may not share a spool dir: the second gets SpoolLockedError."""
+    topic = fresh_topic(1)
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path):
+        with pytest.raises(SpoolLockedError, match=str(tmp_path)):
+            LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+
+
+def test_corrupt_spool_producer_still_starts(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A corrupt spool file is moved aside, logged, and the producer works."""
+    topic = fresh_topic(1)
+    (tmp_path / "spool.db").write_bytes(b"\x00garbage" * 512)
+    with caplog.at_level(logging.ERROR, logger="logsdk.spool"):
+        p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    with p:
+        p.send("ok")
+        assert p.flush(10) == 0
+        assert p.stats()["spool_corrupt_files"] == 1
+    assert "corrupt" in caplog.text
+    assert list(tmp_path.glob("spool.db.corrupt-*"))
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 1
+
+
+def _dead_bootstrap() -> tuple[str, int]:
+    port = free_port()
+    return f"127.0.0.1:{port}", port
+
+
+def test_broker_down_whole_run_then_new_producer_delivers(
+    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
+) -> None:
+    """With Kafka down throughout, close() leaves every record in the spool; a new
+    producer on that dir delivers all of them once the broker is up."""
+    bootstrap, port = _dead_bootstrap()
+    with LogProducer(bootstrap, "down", tmp_path, **FAST) as p:
+        for i in range(3000):
+            p.send(f"r{i}")
+        pid = p.producer_id
+    stats = p.stats()
+    assert stats["state"] == "CLOSED"
+    assert stats["spool_records"] == 3000
+    assert stats["acked"] == 0
+    broker = broker_factory(port=port)
+    create_topic(broker.bootstrap_servers, "down", 2)
+    with LogProducer(broker.bootstrap_servers, "down", tmp_path, **FAST) as p2:
+        assert p2.producer_id == pid
+        wait_until(lambda: p2.stats()["spool_records"] == 0, 30, "the spool to drain")
+        assert p2.stats()["replayed"] == 3000
+    rep = check_delivery(read_topic(broker.bootstrap_servers, "down"))
+    assert rep.missing(pid, range(3000)) == []
+    assert rep.order_violations == 0
+
+
+@pytest.mark.parametrize("policy", ["drop_newest", "drop_oldest", "raise", "block"])
+def test_overflow_policies_count_every_record(
+    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path, policy: str
+) -> None:
+    """With a tiny spool cap and Kafka down, sent = spooled + dropped (+ buffered); once
+    Kafka is back, a new producer delivers what the spool kept: sent = acked + dropped."""
+    bootstrap, port = _dead_bootstrap()
+    refused = 0
+    kw: dict[str, Any] = {**FAST, "spool_max_bytes": 40_000, "when_full": policy}
+    kw["max_block_s"] = 0.2
+    kw["buffer_max_records"] = 200
+    with LogProducer(bootstrap, "cap", tmp_path, **kw) as p:
+        for i in range(2000):
+            try:
+                p.send(b"x" * 100, key=str(i))
+            except (SpoolFullError, BufferFullError):
+                refused += 1
+                if refused == 5:
+                    break  # the policy is shown; "block" would wait max_block_s per record
+        p.flush(5)
+        s = p.stats()
+        assert s["sent"] + refused == (2000 if refused < 5 else i + 1)
+        assert s["spool_bytes"] <= 40_000
+        assert s["sent"] == s["spool_records"] + s["dropped"] + s["buffered"]
+        if policy.startswith("drop"):
+            assert s["dropped"] > 0 and refused == 0
+        else:
+            assert refused > 0 and s["dropped"] == 0
+    closed = p.stats()
+    kept = closed["spool_records"]
+    lost_on_close = closed["errors"].get("lost_on_close", 0)
+    assert closed["sent"] == kept + closed["dropped"] + lost_on_close
+    broker = broker_factory(port=port)
+    create_topic(broker.bootstrap_servers, "cap", 1)
+    with LogProducer(broker.bootstrap_servers, "cap", tmp_path, **FAST) as p2:
+        wait_until(lambda: p2.stats()["spool_records"] == 0, 30, "the spool to drain")
+        assert p2.stats()["acked"] == kept
+    assert len(read_topic(broker.bootstrap_servers, "cap")) == kept
+    assert closed["sent"] == kept + closed["dropped"] + lost_on_close
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root/CAP_SYS_ADMIN): {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_disk_keeps_records_in_memory_then_spools(
+    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
+) -> None:
+    """On a full disk the spool raises an alarm, records stay in memory (none lost, none
+    reported durable), and everything is spooled, then delivered, once space returns."""
+    bootstrap, port = _dead_bootstrap()
+    with _tmpfs(tmp_path / "small", "400k") as spool_dir:
+        p = LogProducer(bootstrap, "disk", spool_dir, **FAST)
+        try:
+            for i in range(1500):
+                p.send(os.urandom(500), key=str(i))
+            wait_until(lambda: p.stats()["alarm"] is not None, 20, "the disk-full alarm")
+            s = p.stats()
+            assert s["spooled"] < 1500
+            assert s["spool_records"] == s["spooled"]
+            assert s["buffered"] == 1500 - s["spooled"]
+            assert s["errors"]["spool_io"] >= 1
+            subprocess.run(["mount", "-o", "remount,size=16m", str(spool_dir)], check=True)
+            wait_until(lambda: p.stats()["spool_records"] == 1500, 20, "everything spooled")
+            assert p.stats()["alarm"] is None
+            broker = broker_factory(port=port)
+            create_topic(broker.bootstrap_servers, "disk", 1, exist_ok=True)
+            wait_until(lambda: p.stats()["acked"] == 1500, 30, "delivery after recovery")
+        finally:
+            p.close()
+    rep = check_delivery(read_topic(broker.bootstrap_servers, "disk"))
+    assert rep.unique == 1500
+
+
+def test_spool_survives_as_plain_sqlite(tmp_path: Path) -> None:
+    """The spool is an ordinary SQLite file an operator can inspect."""
+    bootstrap, _ = _dead_bootstrap()
+    with LogProducer(bootstrap, "inspect", tmp_path, **FAST) as p:
+        p.send("hello")
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    try:
+        assert conn.execute("SELECT value FROM records").fetchall() == [(b"hello",)]
+    finally:
+        conn.close()
+
+
+def test_kafka_handler_writes_json_records(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """KafkaHandler sends timestamp, level, logger, message, exception, extra, host, pid."""
+    topic = fresh_topic(1)
+    handler = KafkaHandler(
+        bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic, spool_dir=tmp_path
+    )
+    logger = logging.getLogger("app.handler-test")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("hello %s", "world", extra={"user": "ann"})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed")
+        handler.flush()
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    docs = [json.loads(m.value() or b"") for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    assert [d["message"] for d in docs] == ["hello world", "failed"]
+    assert docs[0]["level"] == "INFO" and docs[0]["logger"] == "app.handler-test"
+    assert docs[0]["extra"] == {"user": "ann"}
+    assert docs[0]["pid"] == os.getpid() and docs[0]["host"]
+    assert "ValueError: boom" in docs[1]["exception"]
+    assert handler.dropped == 0
+
+
+def test_secrets_never_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A SASL password passed through kafka_config appears in no log line and no repr."""
+    bootstrap, _ = _dead_bootstrap()
+    with caplog.at_level(logging.DEBUG):
+        p = LogProducer(
+            bootstrap,
+            "secret",
+            tmp_path,
+            **{**FAST, "kafka_config": {"sasl.username": "u", "sasl.password": "hunter2"}},
+        )
+        with p:
+            p.send("x")
+            assert "hunter2" not in repr(p)
+    assert "hunter2" not in caplog.text
