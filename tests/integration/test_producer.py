@@ -43,7 +43,8 @@ def test_delivers_everything_with_headers(
         assert p.stats()["acked"] == 5000
     msgs = read_topic(kafka_broker.bootstrap_servers, topic)
     rep = check_delivery(msgs)
-    assert rep.unique == 5000 and rep.duplicates == 0
+    assert rep.unique == 5000
+    assert rep.duplicates == 0
     assert rep.missing(pid, range(5000)) == []
     assert rep.order_violations == 0
     assert ("app", b"test") in (msgs[0].headers() or [])
@@ -100,9 +101,11 @@ def test_second_producer_on_same_dir_refused(
 ) -> None:
     """Two producers may not share a spool dir: the second gets SpoolLockedError."""
     topic = fresh_topic(1)
-    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path):
-        with pytest.raises(SpoolLockedError, match=str(tmp_path)):
-            LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    with (
+        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path),
+        pytest.raises(SpoolLockedError, match=str(tmp_path)),
+    ):
+        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
 
 
 def test_corrupt_spool_producer_still_starts(
@@ -180,9 +183,11 @@ def test_overflow_policies_count_every_record(
         assert s["spool_bytes"] <= 40_000
         assert s["sent"] == s["spool_records"] + s["dropped"] + s["buffered"]
         if policy.startswith("drop"):
-            assert s["dropped"] > 0 and refused == 0
+            assert s["dropped"] > 0
+            assert refused == 0
         else:
-            assert refused > 0 and s["dropped"] == 0
+            assert refused > 0
+            assert s["dropped"] == 0
     closed = p.stats()
     kept = closed["spool_records"]
     lost_on_close = closed["errors"].get("lost_on_close", 0)
@@ -276,9 +281,11 @@ def test_kafka_handler_writes_json_records(
         handler.close()
     docs = [json.loads(m.value() or b"") for m in read_topic(kafka_broker.bootstrap_servers, topic)]
     assert [d["message"] for d in docs] == ["hello world", "failed"]
-    assert docs[0]["level"] == "INFO" and docs[0]["logger"] == "app.handler-test"
+    assert docs[0]["level"] == "INFO"
+    assert docs[0]["logger"] == "app.handler-test"
     assert docs[0]["extra"] == {"user": "ann"}
-    assert docs[0]["pid"] == os.getpid() and docs[0]["host"]
+    assert docs[0]["pid"] == os.getpid()
+    assert docs[0]["host"]
     assert "ValueError: boom" in docs[1]["exception"]
     assert handler.dropped == 0
 
