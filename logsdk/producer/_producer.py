@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from logsdk.errors import (
     BufferFullError,
@@ -229,7 +229,6 @@ class LogProducer:
         self._stop = threading.Event()
         self._done = threading.Condition()
 
-        self._on_delivery_cb = self._on_delivery
         self._pump = threading.Thread(target=self._pump_loop, name="logsdk-pump", daemon=True)
         self._health = threading.Thread(target=self._health_loop, name="logsdk-health", daemon=True)
         if self._recovered_at_start:
@@ -291,6 +290,10 @@ class LogProducer:
             seq = self._seq_next
             if seq >= self._seq_limit:
                 self._reserve_seq()
+            if timestamp is None:
+                # Fixed now, so a record spooled and replayed keeps its creation time.
+                timestamp = int(time.time() * 1000)
+            rec: Rec = (topic, k, v, h, timestamp, seq)
             if self._direct:
                 hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
                 if h:
@@ -301,8 +304,10 @@ class LogProducer:
                         v,
                         k,
                         headers=hdrs,
-                        timestamp=timestamp or 0,
-                        on_delivery=self._on_delivery_cb,
+                        timestamp=timestamp,
+                        # librdkafka drops headers from the reports of purged records, so
+                        # the record itself rides with its callback: nothing is rebuilt.
+                        on_delivery=functools.partial(self._on_delivery, rec),
                     )
                 except BufferError:
                     self._direct = False  # librdkafka's queue is full: queue behind it
@@ -314,7 +319,7 @@ class LogProducer:
                     self._n_sent += 1
                     self._n_produced += 1
                     return
-            self._enqueue((topic, k, v, h, timestamp, seq))
+            self._enqueue(rec)
             self._seq_next = seq + 1
             self._n_sent += 1
         self._wake.set()
@@ -332,6 +337,8 @@ class LogProducer:
                 left = self._unsettled()
                 if left == 0 or time.monotonic() >= deadline or not self._pump.is_alive():
                     return left
+                if self._state is State.DEGRADED and self._spool_full:
+                    return left  # nowhere to put them until Kafka or spool space returns
                 self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def close(self, timeout: float | None = 30.0) -> None:
@@ -452,12 +459,11 @@ class LogProducer:
 
     # -- delivery callbacks (pump thread) ---------------------------------------------------
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery(self, rec: Rec, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self._n_acked += 1
             self._last_ack = time.monotonic()
             return
-        rec = _rec_from_message(msg)
         if _client.is_record_error(err):
             self._reject(rec, err)
             self._n_failed += 1
@@ -713,7 +719,12 @@ class LogProducer:
             hdrs = [*h, *hdrs]
         try:
             self._client.produce(  # type: ignore[union-attr]
-                topic, v, k, headers=hdrs, timestamp=ts or 0, on_delivery=self._on_delivery_cb
+                topic,
+                v,
+                k,
+                headers=hdrs,
+                timestamp=ts or 0,
+                on_delivery=functools.partial(self._on_delivery, rec),
             )
         except BufferError:
             return False
@@ -934,26 +945,6 @@ def _seq_of(msg: Message) -> int:
         if name == HEADER_SEQ and val is not None:
             return int(val)
     return -1
-
-
-def _rec_from_message(msg: Message) -> Rec:
-    """Rebuild a record from a failed delivery report (librdkafka hands the data back)."""
-    user: Headers = []
-    seq = -1
-    for name, val in _headers_of(msg):
-        if name == HEADER_SEQ and val is not None:
-            seq = int(val)
-        elif name != HEADER_PRODUCER:
-            user.append((name, val))
-    ts_type, ts = msg.timestamp()
-    return (
-        msg.topic() or "",
-        msg.key(),
-        msg.value(),
-        user or None,
-        None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-        seq,
-    )
 
 
 def _row(rec: Rec) -> Row:

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -30,15 +31,18 @@ import urllib.error
 import urllib.request
 import weakref
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from logsdk._types import ClientConfig
 from logsdk.errors import BrokerBinaryNotFound, BrokerStartError, ConfigError, PortInUseError
 from logsdk.testing._proxy import TcpProxy
 
 log = logging.getLogger("logsdk.testing.broker")
+T = TypeVar("T")
 
 _LIVE: weakref.WeakSet[EmbeddedBroker] = weakref.WeakSet()
 _PR_SET_PDEATHSIG = 1
@@ -121,6 +125,43 @@ def tansu_binary() -> str:
         ) from exc
 
 
+class _Spawner:
+    """Starts every child from one long-lived daemon thread.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not
+    the process: a broker restarted from a ``threading.Timer`` would be killed the
+    moment the timer thread ended. Forking from a thread that lives as long as the
+    process keeps the death signal tied to the process.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="logsdk-broker-spawner", daemon=True
+                )
+                self._thread.start()
+        fut: Future[T] = Future()
+        self._jobs.put((fn, fut))
+        return fut.result(60)
+
+    def _loop(self) -> None:
+        while True:
+            fn, fut = self._jobs.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the caller
+                fut.set_exception(exc)
+
+
+_spawner = _Spawner()
+
+
 class _Child:
     """One child process with its output in a file, for the log tail on errors."""
 
@@ -128,14 +169,17 @@ class _Child:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait_dead()
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-            close_fds=True,
+        log_file = self._log
+        self.proc = _spawner.run(
+            lambda: subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+                close_fds=True,
+            )
         )
 
     @property

@@ -200,3 +200,20 @@ def test_no_orphans_after_owner_sigkill(tmp_path: os.PathLike[str]) -> None:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids), f"orphans left: {pids}"
     assert port_is_free(port), "the proxy port is still open"
+
+
+def test_restart_from_a_short_lived_thread_survives_it(broker_factory: BrokerFactory) -> None:
+    """A broker restarted from a timer thread keeps running after that thread ends
+    (the parent-death signal is tied to a long-lived spawner thread)."""
+    import threading
+
+    b = broker_factory()
+    b.kill()
+    t = threading.Timer(0.01, b.restart)
+    t.start()
+    t.join()
+    assert b.is_running()
+    time.sleep(0.3)  # the death signal, if wrongly tied to the timer thread, is immediate
+    assert b.is_running()
+    topic = create_topic(b.bootstrap_servers, "after-timer", 1)
+    assert topic == "after-timer"
