@@ -36,6 +36,8 @@ class FetchSettings:
     rebalance_timeout: float
     exactly_once: bool
     metadata_max_bytes: int
+    #: How long the queue may stay full (no fetching) before partitions are paused.
+    pause_after: float = 0.5
 
 
 class Fetcher:
@@ -62,6 +64,7 @@ class Fetcher:
         self._rewinds: queue.SimpleQueue[TopicPartition] = queue.SimpleQueue()
         self._assigned: set[TopicPartition] = set()
         self.paused = False
+        self._full_since: float | None = None  # queue full, not fetching, not yet paused
         self.metadata_supported: bool | None = None
         self.high_watermarks: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}
@@ -111,12 +114,12 @@ class Fetcher:
         try:
             while not self._stop.is_set():
                 self._apply_rewinds()
-                self._backpressure()
-                room = self._s.queue_size - self._d.held
-                n = 1 if self.paused else max(1, min(self._s.fetch_batch, room))
-                records = self._client.poll(n, 0.1)
-                if records:
-                    self._ingest(records)
+                if self._backpressure():
+                    room = self._s.queue_size - self._d.held
+                    n = 1 if self.paused else max(1, min(self._s.fetch_batch, room))
+                    records = self._client.poll(n, 0.1)
+                    if records:
+                        self._ingest(records)
                 now = time.monotonic()
                 if now >= next_commit:
                     self._commit(force=False)
@@ -127,17 +130,37 @@ class Fetcher:
         finally:
             self._shutdown()
 
-    def _backpressure(self) -> None:
+    def _backpressure(self) -> bool:
+        """Apply the high/low-water marks; True if the loop should poll Kafka now.
+
+        Above the high-water mark fetching stops until the queue drains to the low-water
+        mark. If that takes longer than ``pause_after``, the assigned partitions are
+        paused and polling resumes (paused polls return no records but serve rebalances
+        and keep the member within max.poll.interval.ms). Pausing is not the first
+        resort because librdkafka takes up to about 1 s to fetch again after a resume.
+        """
         d = self._d
-        if not self.paused and (d.held >= self._high or d.held_bytes >= self._bytes_high):
+        if self.paused:
+            if d.held <= self._low and d.held_bytes <= self._bytes_low:
+                self._client.resume(self._client.assignment())
+                self.paused = False
+                self._full_since = None
+                self._counters.add("resumed")
+            return True
+        if self._full_since is None:
+            if d.held < self._high and d.held_bytes < self._bytes_high:
+                return True
+            self._full_since = time.monotonic()
+        if d.wait_below(self._low, self._bytes_low, 0.05):
+            self._full_since = None
+            return True
+        if time.monotonic() - self._full_since >= self._s.pause_after:
             self._client.pause(self._client.assignment())
             self.paused = True
             self._counters.add("paused")
             log.debug("queue at %d records / %d bytes: partitions paused", d.held, d.held_bytes)
-        elif self.paused and d.held <= self._low and d.held_bytes <= self._bytes_low:
-            self._client.resume(self._client.assignment())
-            self.paused = False
-            self._counters.add("resumed")
+            return True
+        return False
 
     def _ingest(self, records: list[Record]) -> None:
         self._counters.add("fetched", len(records))

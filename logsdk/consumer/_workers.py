@@ -217,6 +217,13 @@ class Dispatcher:
                 lambda: all(self._inflight.get(tp, 0) <= 0 for tp in tps), max(0.0, timeout)
             )
 
+    def wait_below(self, count: int, nbytes: int, timeout: float) -> bool:
+        """Wait until at most ``count`` records and ``nbytes`` bytes are held."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self.held <= count and self.held_bytes <= nbytes, max(0.0, timeout)
+            )
+
     def close(self) -> None:
         with self._cond:
             self.closed = True

@@ -81,6 +81,9 @@ class SQLiteSink:
         self._local = _ThreadState()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
+        # SQLite has one writer at a time; queueing this process's writers on a lock
+        # avoids the busy handler's sleeps (up to 100 ms each) when threads collide.
+        self._write_lock = threading.Lock()
         self._insert = (
             f"INSERT INTO [{self.table}] (topic, partition, offset, key, value, timestamp, "
             "producer, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -182,6 +185,16 @@ class SQLiteSink:
         rows, first = state.rows, state.first
         state.rows, state.first = [], {}
         conn = self._connect()
+        with self._write_lock:
+            self._commit(conn, offsets, rows, first)
+
+    def _commit(
+        self,
+        conn: sqlite3.Connection,
+        offsets: dict[TopicPartition, int],
+        rows: list[tuple[Any, ...]],
+        first: dict[TopicPartition, int],
+    ) -> None:
         try:
             conn.execute("BEGIN IMMEDIATE")
             for (topic, partition), next_offset in offsets.items():

@@ -23,16 +23,17 @@ pytestmark = pytest.mark.integration
 
 
 class Collect:
-    """Records what it processed, optionally slowly."""
+    """Records what it processed; ``delay`` s per record for the first ``slow`` records."""
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, slow: int = 0) -> None:
         self.delay = delay
+        self.slow = slow
         self.lock = threading.Lock()
         self.seen: list[tuple[int, int]] = []
 
     def process(self, records: Sequence[Record]) -> None:
         if self.delay:
-            time.sleep(self.delay * len(records))
+            time.sleep(self.delay * len(records) * (1 if self.count() < self.slow else 0.05))
         with self.lock:
             self.seen.extend((r.partition, r.offset) for r in records)
 
@@ -55,7 +56,9 @@ def test_backpressure_bounds_queue_and_memory(
     topic = fresh_topic(3)
     n, value_bytes, queue_size = 1800, 32 * 1024, 200
     produce(kafka_broker.client_config("producer"), topic, n, partitions=3, value_bytes=value_bytes)
-    handler = Collect(delay=0.001)
+    # Slow at first (~100 records/s: the queue stays full, partitions get paused),
+    # then fast enough to pass 56 MiB through quickly.
+    handler = Collect(delay=0.02, slow=500)
     rss_before = _vm("VmRSS")
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS counter
@@ -247,7 +250,7 @@ class SlowSink(SQLiteSink):
     """SQLiteSink that takes a little time per batch, so rebalances land mid-run."""
 
     def process(self, records: Sequence[Record]) -> None:
-        time.sleep(0.005)
+        time.sleep(0.1)
         super().process(records)
 
 
@@ -258,7 +261,7 @@ def test_rebalance_exactly_once_no_duplicate_no_gap(
     """3 consumers, one joining late and one leaving mid-run: each record stored exactly once."""
     topic = fresh_topic(6)
     n = 30_000
-    produce(kafka_broker.client_config("producer"), topic, n, partitions=6)
+    produce(kafka_broker.client_config("producer"), topic, n // 2, partitions=6)
     db = tmp_path / "sink.db"
     sinks = [SlowSink(db) for _ in range(3)]
 
@@ -279,9 +282,13 @@ def test_rebalance_exactly_once_no_duplicate_no_gap(
         c2.start()
         wait_until(lambda: len(_sink_rows(db)) >= n // 5, 60, "first fifth stored", step=0.1)
         c3.start()  # joins late
-        wait_until(lambda: c3.stats()["processed"] > 0, 60, "late member processing", step=0.1)
-        c2.stop()  # leaves mid-run
+        wait_until(lambda: c3.stats()["assignments"] > 0, 30, "late member assigned", step=0.1)
+        produce(
+            kafka_broker.client_config("producer"), topic, n // 2, partitions=6, start_seq=n // 2
+        )
+        wait_until(lambda: c3.stats()["processed"] > 0, 30, "late member processing", step=0.1)
         assert len(_sink_rows(db)) < n, "the run ended before the member left"
+        c2.stop()  # leaves mid-run
         wait_until(lambda: len(_sink_rows(db)) >= n, 90, "all records stored", step=0.2)
         time.sleep(1.0)  # anything still in flight would land now and show as a duplicate
     finally:
