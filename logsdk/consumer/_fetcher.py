@@ -1,0 +1,360 @@
+"""The fetch thread: polls Kafka, admits records into the bounded queue, commits, rebalances.
+
+Every call on the confluent-kafka consumer happens on this thread (rebalance callbacks
+run inside its ``poll``). Workers talk to it only through the offset map and the
+rewind queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from logsdk.consumer._kafka import KafkaConsumerClient
+from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
+from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._workers import Counters, Dispatcher
+from logsdk.errors import ConsumerError
+
+log = logging.getLogger("logsdk.consumer")
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """What the fetch thread needs to know, validated by LogConsumer."""
+
+    topics: list[str]
+    queue_size: int
+    queue_bytes: int
+    fetch_batch: int
+    commit_interval: float
+    rebalance_timeout: float
+    exactly_once: bool
+    metadata_max_bytes: int
+    #: How long the queue may stay full (no fetching) before partitions are paused.
+    pause_after: float = 0.5
+
+
+class Fetcher:
+    """Owns the Kafka consumer; runs on its own thread until :meth:`request_stop`."""
+
+    def __init__(
+        self,
+        settings: FetchSettings,
+        client_factory: Callable[[Fetcher], KafkaConsumerClient],
+        dispatcher: Dispatcher,
+        offsets: OffsetMap,
+        counters: Counters,
+        stored_offsets: Callable[[list[TopicPartition]], dict[TopicPartition, int]] | None,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self._s = settings
+        self._d = dispatcher
+        self._offsets = offsets
+        self._counters = counters
+        self._stored_offsets = stored_offsets
+        self._on_fatal = on_fatal
+        self._stop = threading.Event()
+        self._stop_deadline = 0.0
+        self._rewinds: queue.SimpleQueue[TopicPartition] = queue.SimpleQueue()
+        self._assigned: set[TopicPartition] = set()
+        self.paused = False
+        self._full_since: float | None = None  # queue full, not fetching, not yet paused
+        self.metadata_supported: bool | None = None
+        self.high_watermarks: dict[TopicPartition, int] = {}
+        self.committed: dict[TopicPartition, int] = {}
+        self._lock = threading.Lock()  # guards the dicts above for stats()
+        # Pause when the queue is this full; resume once it has drained to the low mark.
+        self._high = settings.queue_size - settings.queue_size // 10
+        self._low = settings.queue_size // 2
+        self._bytes_high = settings.queue_bytes - settings.queue_bytes // 10
+        self._bytes_low = settings.queue_bytes // 2
+        self._client = client_factory(self)
+        self._thread = threading.Thread(target=self._run, name="logsdk-fetch", daemon=True)
+
+    # -- control from other threads ------------------------------------------------------
+
+    def start(self) -> None:
+        self._client.subscribe(self._s.topics)
+        self._thread.start()
+
+    def request_stop(self, deadline: float) -> None:
+        self._stop_deadline = deadline
+        self._stop.set()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def request_rewind(self, tp: TopicPartition) -> None:
+        """A worker fenced ``tp``: seek it back to the handler's stored offset."""
+        self._rewinds.put(tp)
+
+    def assigned(self) -> list[TopicPartition]:
+        with self._lock:
+            return sorted(self._assigned)
+
+    def pause_new_partitions(self) -> bool:
+        """Asked by the client right after an assignment: should it start paused?"""
+        return self.paused
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_commit = time.monotonic() + self._s.commit_interval
+        try:
+            while not self._stop.is_set():
+                self._apply_rewinds()
+                if self._backpressure():
+                    room = self._s.queue_size - self._d.held
+                    n = 1 if self.paused else max(1, min(self._s.fetch_batch, room))
+                    records = self._client.poll(n, 0.1)
+                    if records:
+                        self._ingest(records)
+                now = time.monotonic()
+                if now >= next_commit:
+                    self._commit(force=False)
+                    self._refresh_watermarks()
+                    next_commit = now + self._s.commit_interval
+        except BaseException as exc:
+            self._on_fatal(exc)
+        finally:
+            self._shutdown()
+
+    def _backpressure(self) -> bool:
+        """Apply the high/low-water marks; True if the loop should poll Kafka now.
+
+        Above the high-water mark fetching stops until the queue drains to the low-water
+        mark. If that takes longer than ``pause_after``, the assigned partitions are
+        paused and polling resumes (paused polls return no records but serve rebalances
+        and keep the member within max.poll.interval.ms). Pausing is not the first
+        resort because librdkafka takes up to about 1 s to fetch again after a resume.
+        """
+        d = self._d
+        if self.paused:
+            if d.held <= self._low and d.held_bytes <= self._bytes_low:
+                self._client.resume(self._client.assignment())
+                self.paused = False
+                self._full_since = None
+                self._counters.add("resumed")
+            return True
+        if self._full_since is None:
+            if d.held < self._high and d.held_bytes < self._bytes_high:
+                return True
+            self._full_since = time.monotonic()
+        if d.wait_below(self._low, self._bytes_low, 0.05):
+            self._full_since = None
+            return True
+        if time.monotonic() - self._full_since >= self._s.pause_after:
+            self._client.pause(self._client.assignment())
+            self.paused = True
+            self._counters.add("paused")
+            log.debug("queue at %d records / %d bytes: partitions paused", d.held, d.held_bytes)
+            return True
+        return False
+
+    def _ingest(self, records: list[Record]) -> None:
+        self._counters.add("fetched", len(records))
+        runs: list[tuple[TopicPartition, list[Record]]] = []
+        cur_t: str | None = None
+        cur_p = -1
+        cur: list[Record] = []
+        for r in records:
+            if r.partition != cur_p or r.topic != cur_t:
+                cur_t, cur_p = r.topic, r.partition
+                cur = []
+                runs.append(((cur_t, cur_p), cur))
+            cur.append(r)
+        chunks = []
+        skipped = 0
+        for tp, run in runs:
+            epoch, kept = self._offsets.admit(tp, run)
+            skipped += len(run) - len(kept)
+            if not kept or epoch is None:
+                continue
+            nbytes = 0
+            for r in kept:
+                v, k = r.value, r.key
+                if v:
+                    nbytes += len(v)
+                if k:
+                    nbytes += len(k)
+            chunk = Chunk(tp, epoch, kept, nbytes)
+            if self._offsets.register(chunk):
+                chunks.append(chunk)
+        if skipped:
+            self._counters.add("skipped", skipped)
+        if chunks:
+            self._d.put(chunks)
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def _commit(self, force: bool, only: set[TopicPartition] | None = None) -> None:
+        points = self._offsets.commit_points(force)
+        if only is not None:
+            points = {tp: p for tp, p in points.items() if tp in only}
+        if not points:
+            return
+        payload: dict[TopicPartition, tuple[int, str | None]] = {}
+        for tp, point in points.items():
+            md = None
+            if self.metadata_supported is not False:
+                md, kept = encode_completed(point.offset, point.ranges, self._s.metadata_max_bytes)
+                if kept < len(point.ranges):
+                    self._counters.add("metadata_truncated")
+            payload[tp] = (point.offset, md)
+        try:
+            self._client.commit(payload, asynchronous=False)
+        except ConsumerError as exc:
+            self._counters.add("commit_errors")
+            log.warning("offset commit failed (retried at the next interval): %s", exc)
+            return
+        self._counters.add("commits")
+        with self._lock:
+            for tp, (off, _) in payload.items():
+                self._offsets.mark_committed(tp, off)
+                self.committed[tp] = off
+        if self.metadata_supported is None:
+            self._detect_metadata(payload)
+
+    def _detect_metadata(self, payload: dict[TopicPartition, tuple[int, str | None]]) -> None:
+        """Read one commit back: does this broker keep commit metadata?"""
+        tp, (off, md) = next(iter(payload.items()))
+        try:
+            got = self._client.committed([tp], 5.0).get(tp)
+        except ConsumerError as exc:
+            log.info("could not read back commit metadata yet: %s", exc)
+            return
+        if got is None or got[0] != off:
+            return  # someone else committed meanwhile: try again next time
+        self.metadata_supported = got[1] == md
+        if not self.metadata_supported:
+            log.warning(
+                "the broker does not keep offset commit metadata: committing only the "
+                "contiguous low mark (records done out of order may be processed again)"
+            )
+
+    def _refresh_watermarks(self) -> None:
+        hw = {}
+        for tp in self.assigned():
+            h = self._client.high_watermark(tp)
+            if h is not None:
+                hw[tp] = h
+        with self._lock:
+            self.high_watermarks = hw
+
+    # -- rebalancing (called inside poll) ------------------------------------------------
+
+    def on_assign(self, tps: list[TopicPartition]) -> dict[TopicPartition, int | None]:
+        self._counters.add("assignments")
+        starts: dict[TopicPartition, int | None] = {}
+        if self._stored_offsets is not None:
+            try:
+                stored = self._stored_offsets(list(tps))
+            except Exception as exc:
+                # Not owning the partitions keeps every record out of the workers.
+                self._on_fatal(ConsumerError(f"handler.stored_offsets({tps}) failed: {exc}"))
+                self._stop.set()
+                return {}
+            for tp in tps:
+                # The handler's store is the truth in exactly-once mode, not Kafka's commit.
+                starts[tp] = stored.get(tp)
+                self._offsets.assign(tp, start=starts[tp])
+        else:
+            try:
+                committed = self._client.committed(tps, 10.0)
+            except ConsumerError as exc:
+                log.warning("could not read committed offsets on assign: %s", exc)
+                committed = {}
+            for tp in tps:
+                off, md = committed.get(tp, (None, None))
+                skip = ranges_for(off, md) if off is not None else []
+                self._offsets.assign(tp, start=off, skip=skip)
+        with self._lock:
+            self._assigned.update(tps)
+        log.info("assigned %s", tps)
+        return starts
+
+    def on_revoke(self, tps: list[TopicPartition]) -> None:
+        self._counters.add("revocations")
+        budget = self._s.rebalance_timeout
+        if self._stop.is_set():
+            budget = min(budget, max(0.0, self._stop_deadline - time.monotonic()))
+        deadline = time.monotonic() + budget
+        tpset = set(tps)
+        # Stop dispatching; let in-flight work finish within the budget; commit; fence.
+        self._d.drop(tpset)
+        if not self._d.wait_idle(tps, budget):
+            log.warning("in-flight work of %s did not finish within %.1fs", tps, budget)
+        self._commit(force=True, only=tpset)
+        for tp in tps:
+            lock = self._offsets.tx_lock(tp)
+            got = lock.acquire(timeout=max(0.0, deadline - time.monotonic())) if lock else False
+            try:
+                self._offsets.revoke(tp)
+            finally:
+                if got and lock is not None:
+                    lock.release()
+        with self._lock:
+            self._assigned.difference_update(tps)
+        log.info("revoked %s", tps)
+
+    def on_lost(self, tps: list[TopicPartition]) -> None:
+        self._counters.add("lost")
+        self._d.drop(set(tps))
+        for tp in tps:
+            self._offsets.revoke(tp)  # no commit: another member owns them now
+        with self._lock:
+            self._assigned.difference_update(tps)
+        log.warning("partitions lost %s", tps)
+
+    def _apply_rewinds(self) -> None:
+        if self.paused:
+            return  # seeking a paused partition is not reliable: wait for resume
+        while True:
+            try:
+                tp = self._rewinds.get_nowait()
+            except queue.Empty:
+                return
+            if tp not in self._offsets.blocked():
+                continue
+            self._d.drop({tp})
+            assert self._stored_offsets is not None
+            start = self._stored_offsets([tp]).get(tp)
+            self._offsets.rewind(tp, start)
+            self._client.seek(tp, start)
+            self._counters.add("rewinds")
+            log.info("partition %s rewound to stored offset %s", tp, start)
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        owned = self._offsets.owned()
+        self._d.drop(set(owned))
+        budget = max(0.0, self._stop_deadline - time.monotonic()) if self._stop.is_set() else 5.0
+        if not self._d.wait_idle(owned, min(budget, self._s.rebalance_timeout)):
+            log.warning("in-flight batches did not finish before close; they are redelivered")
+        try:
+            self._commit(force=True)
+        except Exception as exc:
+            log.warning("final commit failed: %s", exc)
+        self._stop.set()
+        self._client.close()  # leaves the group; on_revoke runs for what we still own
+        self._d.close()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "high_watermarks": dict(self.high_watermarks),
+                "committed": dict(self.committed),
+                "assigned": sorted(self._assigned),
+            }

@@ -1,0 +1,257 @@
+"""The thin typed wrapper over confluent-kafka: the only consumer module that touches it.
+
+It turns ``Message`` objects into :class:`Record`, ``KafkaError``/``KafkaException`` into
+:class:`~logsdk.errors.ConsumerError`, and offsets into ``(topic, partition)`` keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from logsdk._types import ClientConfig
+from logsdk.consumer._records import Record, TopicPartition
+from logsdk.errors import ConsumerError, DeadLetterError
+
+log = logging.getLogger("logsdk.consumer")
+
+#: Called on assignment; may return where to start: ``{tp: offset}`` (None: per
+#: ``auto.offset.reset``); partitions left out start at the committed offset.
+AssignCallback = Callable[[list[TopicPartition]], "dict[TopicPartition, int | None]"]
+
+# Errors that librdkafka recovers from by itself; counted and logged, never fatal.
+_QUIET = {KafkaError._PARTITION_EOF}
+
+
+class KafkaConsumerClient:
+    """A confluent-kafka ``Consumer`` as the fetch thread uses it (call it from that thread)."""
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        on_assign: AssignCallback,
+        on_revoke: Callable[[list[TopicPartition]], None],
+        on_lost: Callable[[list[TopicPartition]], None],
+        start_paused: Callable[[], bool],
+    ) -> None:
+        self._on_assign = on_assign
+        self._start_paused = start_paused
+        reset = str(config.get("auto.offset.reset", "latest")).lower()
+        self._reset = OFFSET_END if reset in ("latest", "largest", "end") else OFFSET_BEGINNING
+        self._on_revoke = on_revoke
+        self._on_lost = on_lost
+        self.errors = 0
+        self.last_error: str | None = None
+        try:
+            self._consumer = Consumer(dict(config))
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise ConsumerError(f"bad kafka_config for the consumer: {exc}") from exc
+
+    # -- rebalance callbacks (run inside consume() on the fetch thread) -------------------
+
+    def _assign_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        starts = self._on_assign(tps)
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            if tp in starts:
+                start = starts[tp]
+                p.offset = self._reset if start is None else start
+        consumer.assign(partitions)
+        if self._start_paused():
+            # The queue is full: new partitions start paused like the others.
+            consumer.pause(partitions)
+
+    def _revoke_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        self._on_revoke([(p.topic, p.partition) for p in partitions])
+
+    def _lost_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        self._on_lost([(p.topic, p.partition) for p in partitions])
+
+    def subscribe(self, topics: Sequence[str]) -> None:
+        try:
+            self._consumer.subscribe(
+                list(topics),
+                on_assign=self._assign_cb,
+                on_revoke=self._revoke_cb,
+                on_lost=self._lost_cb,
+            )
+        except KafkaException as exc:
+            raise ConsumerError(f"could not subscribe to {list(topics)}: {exc}") from exc
+
+    # -- fetching -----------------------------------------------------------------------
+
+    def poll(self, max_records: int, timeout: float) -> list[Record]:
+        """Up to ``max_records`` records; non-fatal errors are counted, fatal ones raise."""
+        try:
+            msgs = self._consumer.consume(max_records, timeout)
+        except KafkaException as exc:
+            raise ConsumerError(f"consume failed: {exc}") from exc
+        out: list[Record] = []
+        append = out.append
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                self._error(err)
+                continue
+            ts_type, ts = m.timestamp()
+            append(
+                Record(
+                    m.topic(),  # type: ignore[arg-type]
+                    m.partition(),  # type: ignore[arg-type]
+                    m.offset(),  # type: ignore[arg-type]
+                    m.key(),
+                    m.value(),
+                    m.headers() or [],  # type: ignore[arg-type]
+                    None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+                )
+            )
+        return out
+
+    def _error(self, err: KafkaError) -> None:
+        if err.code() in _QUIET:
+            return
+        self.errors += 1
+        self.last_error = err.str()
+        if err.fatal():
+            raise ConsumerError(f"fatal Kafka consumer error: {err.str()}")
+        log.warning("consumer error (librdkafka retries it): %s", err.str())
+
+    # -- flow control -------------------------------------------------------------------
+
+    def assignment(self) -> list[TopicPartition]:
+        return [(p.topic, p.partition) for p in self._consumer.assignment()]
+
+    def pause(self, tps: Sequence[TopicPartition]) -> None:
+        if tps:
+            self._consumer.pause([KafkaTopicPartition(t, p) for t, p in tps])
+
+    def resume(self, tps: Sequence[TopicPartition]) -> None:
+        if tps:
+            self._consumer.resume([KafkaTopicPartition(t, p) for t, p in tps])
+
+    def seek(self, tp: TopicPartition, offset: int | None) -> None:
+        """Fetch ``tp`` from ``offset`` next (None: per ``auto.offset.reset``)."""
+        if offset is None:
+            offset = self._reset
+        try:
+            self._consumer.seek(KafkaTopicPartition(tp[0], tp[1], offset))
+        except KafkaException as exc:
+            raise ConsumerError(f"could not seek {tp} to {offset}: {exc}") from exc
+
+    # -- offsets --------------------------------------------------------------------------
+
+    def commit(
+        self, offsets: dict[TopicPartition, tuple[int, str | None]], asynchronous: bool
+    ) -> None:
+        """Commit ``{tp: (next offset, metadata)}``; raises ConsumerError if it fails."""
+        if not offsets:
+            return
+        tps = [
+            KafkaTopicPartition(t, p, off, metadata=md) if md else KafkaTopicPartition(t, p, off)
+            for (t, p), (off, md) in offsets.items()
+        ]
+        try:
+            if asynchronous:
+                self._consumer.commit(offsets=tps, asynchronous=True)
+                return
+            result = self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            raise ConsumerError(f"offset commit failed: {exc}") from exc
+        for r in result:
+            if r.error is not None:
+                raise ConsumerError(f"offset commit failed for {r.topic}[{r.partition}]: {r.error}")
+
+    def committed(
+        self, tps: Sequence[TopicPartition], timeout: float
+    ) -> dict[TopicPartition, tuple[int | None, str | None]]:
+        """Committed ``{tp: (offset or None, metadata or None)}`` read from the broker."""
+        if not tps:
+            return {}
+        try:
+            got = self._consumer.committed([KafkaTopicPartition(t, p) for t, p in tps], timeout)
+        except KafkaException as exc:
+            raise ConsumerError(f"could not read committed offsets: {exc}") from exc
+        out: dict[TopicPartition, tuple[int | None, str | None]] = {}
+        for r in got:
+            off = r.offset if r.offset >= 0 and r.offset != OFFSET_INVALID else None
+            out[(r.topic, r.partition)] = (off, r.metadata or None)
+        return out
+
+    def high_watermark(self, tp: TopicPartition) -> int | None:
+        """The high watermark last seen in a fetch response (no broker round trip)."""
+        try:
+            lo_hi: Any = self._consumer.get_watermark_offsets(
+                KafkaTopicPartition(tp[0], tp[1]), cached=True
+            )
+        except KafkaException:
+            return None
+        if not lo_hi or lo_hi[1] < 0:
+            return None
+        return int(lo_hi[1])
+
+    def close(self) -> None:
+        """Leave the group (revoke callbacks run) and free the handle."""
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("consumer close failed: %s", exc)
+
+
+class DeadLetterProducer:
+    """Writes poison records to the dead-letter topic, synchronously, one at a time."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        try:
+            self._producer = Producer(dict(config))
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise ConsumerError(f"bad kafka_config for the dead-letter producer: {exc}") from exc
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        timeout: float,
+    ) -> None:
+        """Produce one record and wait for its acknowledgement, up to ``timeout`` seconds."""
+        result: list[KafkaError | None] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            result.append(err)
+
+        try:
+            self._producer.produce(
+                topic,
+                value,
+                key,
+                headers=list[tuple[str, str | bytes | None]](headers),
+                on_delivery=on_delivery,
+            )
+            self._producer.flush(timeout)
+        except (KafkaException, BufferError) as exc:
+            raise DeadLetterError(f"could not write to dead-letter topic {topic!r}: {exc}") from exc
+        if not result:
+            raise DeadLetterError(
+                f"dead-letter topic {topic!r} did not acknowledge within {timeout}s"
+            )
+        if result[0] is not None:
+            raise DeadLetterError(f"dead-letter topic {topic!r} rejected a record: {result[0]}")
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._producer.flush(timeout)

@@ -1,0 +1,304 @@
+"""SQLiteSink: records and offsets in one SQLite transaction, with zombie fencing.
+
+Invariants:
+
+- A batch's rows and its partition's next offset are written in one transaction, so
+  the stored offset says exactly which records the table holds.
+- Fencing is a compare-and-set on the stored offset: a batch that starts below the
+  stored offset was already written by another owner, so it is refused (FencedError)
+  and rolled back. Offsets may have holes (transaction markers, compaction), so a
+  batch may start above the stored offset, never below it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import sqlite_utils
+
+from logsdk.consumer._records import Record, TopicPartition
+from logsdk.errors import ConfigError, FencedError, SinkError
+
+PRODUCER_HEADER = "logsdk.producer"
+SEQ_HEADER = "logsdk.seq"
+OFFSETS_TABLE = "logsdk_offsets"
+SEEN_TABLE = "logsdk_seen"
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.conn: sqlite3.Connection | None = None
+        self.rows: list[tuple[Any, ...]] = []
+        self.first: dict[TopicPartition, int] = {}
+
+
+class SQLiteSink:
+    """A :class:`~logsdk.TransactionalHandler` that stores records in an SQLite table.
+
+    ``process`` only stages rows; ``commit(offsets)`` writes the rows and the offsets
+    in one ``BEGIN IMMEDIATE`` transaction; ``rollback`` drops the staged rows. It is
+    called from several worker threads at once (one partition each): every thread has
+    its own connection and its own staged batch. With ``dedupe=True`` a record whose
+    (``logsdk.producer``, ``logsdk.seq``) headers were already stored is skipped, which
+    removes duplicates a producer sent (at-least-once on the wire).
+
+    The constructor creates the database file and tables if missing. Picklable (for
+    ``executor="process"``): a copy reconnects in the process that uses it.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        table: str = "records",
+        dedupe: bool = False,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        if not str(path) or str(path) == ":memory:":
+            raise ConfigError("path must be a database file (':memory:' is not shared by threads)")
+        if not table.isidentifier():
+            raise ConfigError(f"table must be a plain identifier, got {table!r}")
+        if synchronous.upper() not in _SYNCHRONOUS:
+            raise ConfigError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+        if not 0 < busy_timeout <= 3600:
+            raise ConfigError(f"busy_timeout must be seconds in (0, 3600], got {busy_timeout!r}")
+        self.path = Path(path)
+        self.table = table
+        self.dedupe = dedupe
+        self.synchronous = synchronous.upper()
+        self.busy_timeout = float(busy_timeout)
+        self._init_local()
+        self._create_schema()
+
+    def _init_local(self) -> None:
+        self._local = _ThreadState()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        # SQLite has one writer at a time; queueing this process's writers on a lock
+        # avoids the busy handler's sleeps (up to 100 ms each) when threads collide.
+        self._write_lock = threading.Lock()
+        self._insert = (
+            f"INSERT INTO [{self.table}] (topic, partition, offset, key, value, timestamp, "
+            "producer, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        #: Records skipped by dedupe in this process.
+        self.deduplicated = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "table": self.table,
+            "dedupe": self.dedupe,
+            "synchronous": self.synchronous,
+            "busy_timeout": self.busy_timeout,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = self._local.conn
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self.busy_timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            except sqlite3.Error as exc:
+                raise SinkError(f"cannot open SQLite database {self.path}: {exc}") from exc
+            self._local.conn = conn
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
+
+    def _create_schema(self) -> None:
+        conn = self._connect()
+        try:
+            db = sqlite_utils.Database(conn)
+            db.table(self.table).create(
+                {
+                    "topic": str,
+                    "partition": int,
+                    "offset": int,
+                    "key": bytes,
+                    "value": bytes,
+                    "timestamp": int,
+                    "producer": str,
+                    "seq": int,
+                },
+                if_not_exists=True,
+            )
+            # Not unique on purpose: exactly-once comes from the offsets, and a
+            # duplicate would show up in a count instead of being hidden.
+            db.table(self.table).create_index(
+                ["topic", "partition", "offset"], if_not_exists=True, find_unique_name=True
+            )
+            db.table(OFFSETS_TABLE).create(
+                {"topic": str, "partition": int, "next_offset": int},
+                pk=("topic", "partition"),
+                if_not_exists=True,
+            )
+            if self.dedupe:
+                db.table(SEEN_TABLE).create(
+                    {"producer": str, "seq": int}, pk=("producer", "seq"), if_not_exists=True
+                )
+        except sqlite3.Error as exc:
+            raise SinkError(f"cannot create tables in {self.path}: {exc}") from exc
+
+    # -- the TransactionalHandler protocol ----------------------------------------------
+
+    def process(self, records: Sequence[Record]) -> None:
+        """Stage ``records`` for the next :meth:`commit` on this thread."""
+        state = self._local
+        rows = state.rows
+        first = state.first
+        for r in records:
+            producer = seq = None
+            for k, v in r.headers:
+                if k == PRODUCER_HEADER:
+                    producer = v.decode("utf-8", "replace")
+                elif k == SEQ_HEADER:
+                    try:
+                        seq = int(v)
+                    except ValueError:
+                        seq = None
+            rows.append(
+                (r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, producer, seq)
+            )
+            first.setdefault((r.topic, r.partition), r.offset)
+
+    def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Write the staged rows and ``offsets`` in one transaction (FencedError if stale)."""
+        state = self._local
+        rows, first = state.rows, state.first
+        state.rows, state.first = [], {}
+        conn = self._connect()
+        with self._write_lock:
+            self._commit(conn, offsets, rows, first)
+
+    def _commit(
+        self,
+        conn: sqlite3.Connection,
+        offsets: dict[TopicPartition, int],
+        rows: list[tuple[Any, ...]],
+        first: dict[TopicPartition, int],
+    ) -> None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for (topic, partition), next_offset in offsets.items():
+                got = conn.execute(
+                    f"SELECT next_offset FROM {OFFSETS_TABLE} WHERE topic = ? AND partition = ?",
+                    (topic, partition),
+                ).fetchone()
+                stored = None if got is None else int(got[0])
+                start = first.get((topic, partition))
+                if stored is not None and (
+                    (start is not None and start < stored)
+                    or (start is None and next_offset <= stored)
+                ):
+                    raise FencedError(
+                        f"{topic}[{partition}] is stored up to {stored}, but this batch starts at "
+                        f"{start if start is not None else next_offset}: another owner wrote it"
+                    )
+                conn.execute(
+                    f"INSERT INTO {OFFSETS_TABLE} (topic, partition, next_offset) "
+                    "VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
+                    "DO UPDATE SET next_offset = excluded.next_offset",
+                    (topic, partition, next_offset),
+                )
+            if self.dedupe:
+                rows = self._dedupe(conn, rows)
+            conn.executemany(self._insert, rows)
+            conn.execute("COMMIT")
+        except FencedError:
+            self._rollback(conn)
+            raise
+        except sqlite3.Error as exc:
+            self._rollback(conn)
+            raise SinkError(f"SQLite commit to {self.path} failed: {exc}") from exc
+
+    def _dedupe(
+        self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        kept = []
+        for row in rows:
+            producer, seq = row[6], row[7]
+            if producer is not None and seq is not None:
+                cur = conn.execute(
+                    f"INSERT OR IGNORE INTO {SEEN_TABLE} (producer, seq) VALUES (?, ?)",
+                    (producer, seq),
+                )
+                if cur.rowcount == 0:
+                    self.deduplicated += 1
+                    continue
+            kept.append(row)
+        return kept
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+    def rollback(self, error: BaseException) -> None:
+        """Drop this thread's staged rows (and any open transaction)."""
+        self._local.rows, self._local.first = [], {}
+        conn = self._local.conn
+        if conn is not None:
+            try:
+                self._rollback(conn)
+            except sqlite3.Error as exc:
+                raise SinkError(f"SQLite rollback failed: {exc}") from exc
+
+    def stored_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The stored next offset of each partition that has one."""
+        conn = self._connect()
+        out = {}
+        try:
+            for topic, partition in partitions:
+                got = conn.execute(
+                    f"SELECT next_offset FROM {OFFSETS_TABLE} WHERE topic = ? AND partition = ?",
+                    (topic, partition),
+                ).fetchone()
+                if got is not None:
+                    out[(topic, partition)] = int(got[0])
+        except sqlite3.Error as exc:
+            raise SinkError(f"cannot read stored offsets from {self.path}: {exc}") from exc
+        return out
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """Rows in the table."""
+        row = self._connect().execute(f"SELECT count(*) FROM [{self.table}]").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        """Close every connection this sink opened (in this process)."""
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+        self._local = _ThreadState()
+
+    def __enter__(self) -> SQLiteSink:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

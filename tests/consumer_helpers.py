@@ -1,0 +1,52 @@
+"""Shared helpers for the LogConsumer tests: produce counted records, poll until a deadline."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Producer
+
+from logsdk._types import ClientConfig
+
+
+def produce(
+    config: ClientConfig,
+    topic: str,
+    n: int,
+    *,
+    partitions: int,
+    value_bytes: int = 100,
+    key: Callable[[int], bytes | None] | None = None,
+    value: Callable[[int], bytes] | None = None,
+    producer_id: bytes = b"test-producer",
+    start_seq: int = 0,
+) -> None:
+    """Produce ``n`` records round-robin over ``partitions`` with logsdk producer headers."""
+    p = Producer({**config, "linger.ms": 5, "enable.idempotence": True})
+    pad = b"x" * value_bytes
+    try:
+        for i in range(n):
+            seq = start_seq + i
+            p.produce(
+                topic,
+                value(seq) if value is not None else b"%d:" % seq + pad,
+                key(seq) if key is not None else None,
+                partition=seq % partitions,
+                headers=[("logsdk.producer", producer_id), ("logsdk.seq", b"%d" % seq)],
+            )
+            if i % 1000 == 0:
+                p.poll(0)
+        left = p.flush(60)
+        assert left == 0, f"{left} records not delivered"
+    finally:
+        del p
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:
+    """Poll ``cond`` until it holds; fail the test with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(step)

@@ -1,0 +1,328 @@
+"""LogConsumer against a real broker: backpressure, key ordering, poison records, rebalances."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from logsdk import LogConsumer, Record
+from logsdk.errors import PoisonRecordError
+from logsdk.sinks import SQLiteSink
+from logsdk.testing import read_topic
+from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.consumer_helpers import produce, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+class Collect:
+    """Records what it processed; ``delay`` s per record for the first ``slow`` records."""
+
+    def __init__(self, delay: float = 0.0, slow: int = 0) -> None:
+        self.delay = delay
+        self.slow = slow
+        self.lock = threading.Lock()
+        self.seen: list[tuple[int, int]] = []
+
+    def process(self, records: Sequence[Record]) -> None:
+        if self.delay:
+            time.sleep(self.delay * len(records) * (1 if self.count() < self.slow else 0.05))
+        with self.lock:
+            self.seen.extend((r.partition, r.offset) for r in records)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.seen)
+
+
+def _vm(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"{field} not in /proc/self/status")
+
+
+def test_backpressure_bounds_queue_and_memory(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """A slow handler: queue depth stays within queue_size, RSS bounded, member never leaves."""
+    topic = fresh_topic(3)
+    n, value_bytes, queue_size = 1800, 32 * 1024, 200
+    produce(kafka_broker.client_config("producer"), topic, n, partitions=3, value_bytes=value_bytes)
+    # Slow at first (~100 records/s: the queue stays full, partitions get paused),
+    # then fast enough to pass 56 MiB through quickly.
+    handler = Collect(delay=0.02, slow=500)
+    rss_before = _vm("VmRSS")
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS counter
+    config = {**kafka_broker.client_config("consumer"), "max.poll.interval.ms": 3000}
+    c = LogConsumer(
+        group_id=f"bp-{topic}",
+        topics=[topic],
+        handler=handler,
+        workers=2,
+        queue_size=queue_size,
+        queue_bytes=8 * 1024 * 1024,
+        max_batch=20,
+        kafka_config=config,
+    )
+    depths, rss = [], []
+    started = time.monotonic()
+    with c:
+        deadline = time.monotonic() + 60
+        while handler.count() < n and time.monotonic() < deadline:
+            depths.append(c.stats()["queue_depth"])
+            rss.append(_vm("VmRSS"))
+            time.sleep(0.02)
+        stats = c.stats()
+    elapsed = time.monotonic() - started
+    assert handler.count() >= n
+    assert len(set(handler.seen)) == n
+    # The run outlasted max.poll.interval.ms, yet the member stayed in the group.
+    assert elapsed > 3.0
+    assert stats["assignments"] == 1
+    assert stats["revocations"] == 0
+    assert stats["lost"] == 0
+    assert stats["paused"] >= 2
+    assert stats["resumed"] >= 2
+    assert max(depths) <= queue_size
+    assert stats["max_queue_depth"] <= queue_size
+    # 1800 x 32 KiB = 56 MiB went through; the bound is 200 x 32 KiB queued plus
+    # librdkafka's prefetch (4 MiB here) and its fetch buffers, well under half of it.
+    growth = max(max(rss), _vm("VmHWM")) - rss_before
+    assert growth < 24 * 1024 * 1024, f"peak RSS grew by {growth / 2**20:.1f} MiB"
+
+
+def test_key_ordering_across_8_workers(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """ordering='key': a key's records are processed one at a time, in offset order."""
+    topic = fresh_topic(3)
+    n, keys = 6000, 24
+    produce(
+        kafka_broker.client_config("producer"),
+        topic,
+        n,
+        partitions=3,
+        key=lambda i: b"k%d" % (i % keys),
+    )
+    lock = threading.Lock()
+    in_flight: set[bytes | None] = set()
+    order: dict[tuple[int, bytes | None], list[int]] = {}
+    violations: list[str] = []
+    threads: set[str] = set()
+
+    def process(records: Sequence[Record]) -> None:
+        mine = {r.key for r in records}
+        with lock:
+            threads.add(threading.current_thread().name)
+            clash = mine & in_flight
+            if clash:
+                violations.append(f"keys {clash} processed concurrently")
+            in_flight.update(mine)
+        time.sleep(random.random() * 0.002)
+        with lock:
+            for r in records:
+                order.setdefault((r.partition, r.key), []).append(r.offset)
+            in_flight.difference_update(mine)
+
+    handler = type("H", (), {"process": staticmethod(process)})()
+    c = LogConsumer(
+        group_id=f"key-{topic}",
+        topics=[topic],
+        handler=handler,
+        workers=8,
+        ordering="key",
+        max_batch=50,
+        kafka_config=kafka_broker.client_config("consumer"),
+    )
+    with c:
+        wait_until(lambda: c.stats()["processed"] >= n, 60, f"{n} records processed")
+    assert violations == []
+    assert sum(len(v) for v in order.values()) == n
+    for key, offsets in order.items():
+        assert offsets == sorted(offsets), f"{key} out of order"
+        assert len(set(offsets)) == len(offsets)
+    assert len(threads) > 1, "work did not spread over the workers"
+
+
+def poison_handler(seen: list[int]) -> Callable[[Record], None]:
+    def handle(r: Record) -> None:
+        if (r.value or b"").startswith(b"poison"):
+            raise ValueError(f"cannot parse {r.value!r}")
+        seen.append(r.offset)
+
+    return handle
+
+
+def test_poison_record_goes_to_dead_letter_topic(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """A record that always fails is retried, then dead-lettered with its error in headers."""
+    topic, dlt = fresh_topic(1), fresh_topic(1)
+    n, poison = 500, {100, 333}
+    produce(
+        kafka_broker.client_config("producer"),
+        topic,
+        n,
+        partitions=1,
+        value=lambda i: b"poison %d" % i if i in poison else b"ok %d" % i,
+    )
+    seen: list[int] = []
+    c = LogConsumer(
+        group_id=f"dlt-{topic}",
+        topics=[topic],
+        handler=poison_handler(seen),
+        dead_letter_topic=dlt,
+        max_retries=2,
+        retry_backoff=0.01,
+        kafka_config=kafka_broker.client_config("consumer"),
+    )
+    with c:
+        wait_until(lambda: c.stats()["committed"].get(f"{topic}[0]") == n, 60, "all committed")
+        stats = c.stats()
+    assert stats["dead_lettered"] == 2
+    assert stats["retries"] >= 4
+    assert set(seen) == set(range(n)) - poison
+    dead = read_topic(kafka_broker.bootstrap_servers, dlt)
+    assert sorted(m.value() or b"" for m in dead) == [b"poison 100", b"poison 333"]
+    for m in dead:
+        headers = dict(m.headers() or [])
+        assert headers["logsdk.dlt.topic"] == topic.encode()
+        assert headers["logsdk.dlt.partition"] == b"0"
+        assert int(headers["logsdk.dlt.offset"]) in poison
+        assert headers["logsdk.dlt.attempts"] == b"3"
+        assert headers["logsdk.dlt.error_type"] == b"ValueError"
+        assert b"cannot parse" in headers["logsdk.dlt.error"]
+        assert headers["logsdk.producer"] == b"test-producer"
+
+
+def test_poison_record_without_dlt_stops_with_clear_error(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """Without a dead-letter topic the consumer stops on the poison record; nothing is skipped."""
+    topic = fresh_topic(1)
+    n = 300
+    produce(
+        kafka_broker.client_config("producer"),
+        topic,
+        n,
+        partitions=1,
+        value=lambda i: b"poison" if i == 150 else b"ok",
+    )
+    seen: list[int] = []
+    c = LogConsumer(
+        group_id=f"nodlt-{topic}",
+        topics=[topic],
+        handler=poison_handler(seen),
+        max_retries=1,
+        retry_backoff=0.01,
+        kafka_config=kafka_broker.client_config("consumer"),
+    )
+    with pytest.raises(
+        PoisonRecordError, match=r"\[0\]@150 failed 2 times.*dead_letter_topic"
+    ) as e:
+        c.run(timeout=60)
+    assert e.value.offset == 150
+    assert isinstance(c.error, PoisonRecordError)
+    committed = c.stats()["committed"].get(f"{topic}[0]", 0)
+    assert committed <= 150, "the commit moved past a record that was never processed"
+    assert set(range(150)) <= set(seen)
+    assert 150 not in seen
+
+
+def _sink_rows(path: Path) -> list[tuple[int, int]]:
+    conn = sqlite3.connect(path)
+    try:
+        return [(int(p), int(o)) for p, o in conn.execute("SELECT partition, offset FROM records")]
+    finally:
+        conn.close()
+
+
+class SlowSink(SQLiteSink):
+    """SQLiteSink that takes a little time per batch, so rebalances land mid-run."""
+
+    def process(self, records: Sequence[Record]) -> None:
+        time.sleep(0.1)
+        super().process(records)
+
+
+@pytest.mark.slow
+def test_rebalance_exactly_once_no_duplicate_no_gap(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """3 consumers, one joining late and one leaving mid-run: each record stored exactly once."""
+    topic = fresh_topic(6)
+    n = 30_000
+    produce(kafka_broker.client_config("producer"), topic, n // 2, partitions=6)
+    db = tmp_path / "sink.db"
+    sinks = [SlowSink(db) for _ in range(3)]
+
+    def consumer(i: int) -> LogConsumer:
+        return LogConsumer(
+            group_id=f"rb-{topic}",
+            topics=[topic],
+            handler=sinks[i],
+            semantics="exactly_once",
+            workers=3,
+            max_batch=100,
+            kafka_config=kafka_broker.client_config("consumer"),
+        )
+
+    c1, c2, c3 = consumer(0), consumer(1), consumer(2)
+    try:
+        c1.start()
+        c2.start()
+        wait_until(lambda: len(_sink_rows(db)) >= n // 5, 60, "first fifth stored", step=0.1)
+        c3.start()  # joins late
+        wait_until(lambda: c3.stats()["assignments"] > 0, 30, "late member assigned", step=0.1)
+        produce(
+            kafka_broker.client_config("producer"), topic, n // 2, partitions=6, start_seq=n // 2
+        )
+        wait_until(lambda: c3.stats()["processed"] > 0, 30, "late member processing", step=0.1)
+        assert len(_sink_rows(db)) < n, "the run ended before the member left"
+        c2.stop()  # leaves mid-run
+        wait_until(lambda: len(_sink_rows(db)) >= n, 90, "all records stored", step=0.2)
+        time.sleep(1.0)  # anything still in flight would land now and show as a duplicate
+    finally:
+        for c in (c1, c2, c3):
+            c.stop()
+        for s in sinks:
+            s.close()
+    rows = _sink_rows(db)
+    dupes = len(rows) - len(set(rows))
+    assert dupes == 0, f"{dupes} duplicates"
+    assert set(rows) == {(i % 6, i // 6) for i in range(n)}
+    assert c1.stats()["revocations"] >= 2  # c3 joining and c2 leaving both moved partitions
+
+
+def test_process_executor_exactly_once(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """executor='process': handlers run in child processes with the same exactly-once result."""
+    topic = fresh_topic(2)
+    n = 3000
+    produce(kafka_broker.client_config("producer"), topic, n, partitions=2)
+    db = tmp_path / "sink.db"
+    with SQLiteSink(db) as sink:
+        c = LogConsumer(
+            group_id=f"proc-{topic}",
+            topics=[topic],
+            handler=sink,
+            semantics="exactly_once",
+            executor="process",
+            workers=2,
+            kafka_config=kafka_broker.client_config("consumer"),
+        )
+        with c:
+            wait_until(lambda: sink.count() >= n, 90, "all records stored", step=0.1)
+            assert c.stats()["processed"] == n
+        rows = _sink_rows(db)
+    assert sorted(rows) == sorted({(i % 2, i // 2) for i in range(n)})

@@ -1,0 +1,106 @@
+"""The offset map: commit the oldest unfinished offset, never a run inferred from acks."""
+
+from __future__ import annotations
+
+from logsdk.consumer import Record
+from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
+
+TP = ("t", 0)
+
+
+def chunk(om: OffsetMap, offsets: list[int]) -> Chunk:
+    records = [Record("t", 0, o, None, b"v") for o in offsets]
+    epoch, kept = om.admit(TP, records)
+    assert epoch is not None
+    c = Chunk(TP, epoch, kept, 1)
+    assert om.register(c)
+    return c
+
+
+def test_commit_point_is_oldest_unfinished() -> None:
+    """Out-of-order completion: commit stays at the oldest unfinished chunk, done ranges beyond."""
+    om = OffsetMap()
+    om.assign(TP, start=0)
+    a, b, c = chunk(om, [0, 1, 2]), chunk(om, [5, 6]), chunk(om, [7, 9])  # 3-4, 8: holes
+    om.complete(b, 2)
+    om.complete(c, 2)
+    point = om.commit_points()[TP]
+    assert point.offset == 0
+    assert point.ranges == [(5, 10)]
+    om.complete(a, 3)
+    point = om.commit_points()[TP]
+    assert point.offset == 10
+    assert point.ranges == []
+
+
+def test_holes_do_not_move_the_commit_point() -> None:
+    """A gap in delivered offsets (markers, compaction) is not 'completed' by neighbours."""
+    om = OffsetMap()
+    om.assign(TP, start=0)
+    a = chunk(om, [0, 1])
+    b = chunk(om, [10, 11])
+    om.complete(b, 2)
+    assert om.point(TP) is not None
+    assert om.point(TP).offset == 0
+    om.complete(a, 2)
+    assert om.point(TP).offset == 12  # type: ignore[union-attr]
+
+
+def test_stale_epoch_completions_are_discarded() -> None:
+    """Work handed out before a revoke/reassign never moves the new owner's commit point."""
+    om = OffsetMap()
+    om.assign(TP, start=0)
+    old = chunk(om, [0, 1, 2])
+    om.revoke(TP)
+    om.assign(TP, start=0)
+    assert not om.complete(old, 3)
+    assert om.discarded == 3
+    assert om.commit_points(force=True)[TP].offset == 0
+
+
+def test_partial_completion_in_key_mode() -> None:
+    """A chunk split across key lanes completes only when all its records did."""
+    om = OffsetMap()
+    om.assign(TP, start=0)
+    c = chunk(om, [0, 1, 2, 3])
+    om.complete(c, 3)
+    assert om.point(TP).offset == 0  # type: ignore[union-attr]
+    om.complete(c, 1)
+    assert om.point(TP).offset == 4  # type: ignore[union-attr]
+
+
+def test_skip_ranges_from_metadata_are_skipped_and_carried() -> None:
+    """Offsets a previous owner completed are skipped, and kept in metadata until passed."""
+    text, _ = encode_completed(0, [(3, 5), (8, 9)])
+    om = OffsetMap()
+    om.assign(TP, start=0, skip=ranges_for(0, text))
+    c = chunk(om, [0, 1, 2, 3, 4, 5])
+    assert [r.offset for r in c.records] == [0, 1, 2, 5]
+    assert om.point(TP).ranges == [(3, 5), (8, 9)]  # type: ignore[union-attr]
+    om.complete(c, 4)
+    point = om.point(TP)
+    assert point is not None
+    assert point.offset == 6
+    assert point.ranges == [(8, 9)]
+
+
+def test_invalidate_blocks_until_rewind() -> None:
+    """After an exactly-once failure nothing is admitted or committed until the rewind."""
+    om = OffsetMap()
+    epoch = om.assign(TP, start=0)
+    c = chunk(om, [0, 1])
+    assert om.invalidate(TP, epoch)
+    assert not om.invalidate(TP, epoch)
+    assert om.admit(TP, [Record("t", 0, 2, None, None)]) == (None, [])
+    assert om.commit_points(force=True) == {}
+    assert not om.complete(c, 2)
+    om.rewind(TP, 0)
+    assert om.commit_points(force=True)[TP].offset == 0
+
+
+def test_stale_records_before_a_seek_are_dropped() -> None:
+    """Records below the fetch position (from before a seek) are not admitted."""
+    om = OffsetMap()
+    om.assign(TP, start=5)
+    _, kept = om.admit(TP, [Record("t", 0, o, None, None) for o in (3, 4, 5, 6)])
+    assert [r.offset for r in kept] == [5, 6]

@@ -1,0 +1,135 @@
+"""SQLiteSink: rows and offsets in one transaction, compare-and-set fencing, dedupe."""
+
+from __future__ import annotations
+
+import pickle
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from logsdk.consumer import Record
+from logsdk.errors import ConfigError, FencedError
+from logsdk.sinks import SQLiteSink
+
+TP = ("logs", 0)
+
+
+def recs(offsets: range, partition: int = 0, producer: bytes | None = None) -> list[Record]:
+    out = []
+    for o in offsets:
+        headers = (
+            [] if producer is None else [("logsdk.producer", producer), ("logsdk.seq", b"%d" % o)]
+        )
+        out.append(Record("logs", partition, o, None, b"v%d" % o, headers, 1))
+    return out
+
+
+def rows(path: Path) -> list[tuple[int, int]]:
+    with sqlite3.connect(path) as conn:
+        got = conn.execute("SELECT partition, offset FROM records ORDER BY 1, 2").fetchall()
+    conn.close()
+    return [(int(p), int(o)) for p, o in got]
+
+
+def test_commit_writes_rows_and_offsets_together(tmp_path: Path) -> None:
+    """After commit the rows are there and the stored offset is the next one to read."""
+    with SQLiteSink(tmp_path / "s.db") as sink:
+        assert sink.stored_offsets([TP]) == {}
+        sink.process(recs(range(0, 5)))
+        sink.commit({TP: 5})
+        assert sink.stored_offsets([TP, ("logs", 1)]) == {TP: 5}
+        assert sink.count() == 5
+
+
+def test_rollback_drops_the_batch(tmp_path: Path) -> None:
+    """rollback() after process() leaves neither rows nor offsets behind."""
+    with SQLiteSink(tmp_path / "s.db") as sink:
+        sink.process(recs(range(0, 5)))
+        sink.rollback(RuntimeError("boom"))
+        sink.process(recs(range(0, 2)))
+        sink.commit({TP: 2})
+        assert rows(tmp_path / "s.db") == [(0, 0), (0, 1)]
+
+
+def test_zombie_commit_is_fenced(tmp_path: Path) -> None:
+    """A batch starting below the stored offset (another owner wrote it) is refused."""
+    with SQLiteSink(tmp_path / "s.db") as new_owner, SQLiteSink(tmp_path / "s.db") as zombie:
+        new_owner.process(recs(range(0, 10)))
+        new_owner.commit({TP: 10})
+        zombie.process(recs(range(0, 5)))
+        with pytest.raises(FencedError, match="another owner"):
+            zombie.commit({TP: 5})
+        zombie.rollback(FencedError("x"))
+        assert rows(tmp_path / "s.db") == [(0, o) for o in range(10)]
+        assert new_owner.stored_offsets([TP]) == {TP: 10}
+
+
+def test_holes_above_the_stored_offset_are_allowed(tmp_path: Path) -> None:
+    """Offsets may skip (transaction markers): a batch may start above the stored offset."""
+    with SQLiteSink(tmp_path / "s.db") as sink:
+        sink.process(recs(range(0, 3)))
+        sink.commit({TP: 3})
+        sink.process(recs(range(5, 7)))
+        sink.commit({TP: 7})
+        # An empty batch (a dead-lettered record) only moves the offset forward.
+        sink.process([])
+        sink.commit({TP: 8})
+        sink.process([])
+        with pytest.raises(FencedError):
+            sink.commit({TP: 8})
+        assert sink.stored_offsets([TP]) == {TP: 8}
+
+
+def test_dedupe_on_producer_headers(tmp_path: Path) -> None:
+    """With dedupe, a record whose (producer, seq) is stored already is skipped."""
+    with SQLiteSink(tmp_path / "s.db", dedupe=True) as sink:
+        sink.process(recs(range(0, 5), producer=b"p1"))
+        sink.commit({TP: 5})
+        # The producer resent seq 3 and 4 (new offsets 5, 6, but seq taken from offset).
+        again = [
+            Record("logs", 0, 5 + i, None, b"dup", [("logsdk.producer", b"p1"), ("logsdk.seq", s)])
+            for i, s in enumerate([b"3", b"4", b"9"])
+        ]
+        sink.process(again)
+        sink.commit({TP: 8})
+        assert sink.count() == 6
+        assert sink.deduplicated == 2
+
+
+def test_threads_commit_partitions_in_parallel(tmp_path: Path) -> None:
+    """Several threads, one partition each, each with its own staged batch."""
+    with SQLiteSink(tmp_path / "s.db") as sink:
+
+        def work(p: int) -> None:
+            for start in range(0, 200, 20):
+                sink.process(recs(range(start, start + 20), partition=p))
+                sink.commit({("logs", p): start + 20})
+
+        threads = [threading.Thread(target=work, args=(p,)) for p in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(rows(tmp_path / "s.db")) == [(p, o) for p in range(4) for o in range(200)]
+
+
+def test_pickled_copy_reconnects(tmp_path: Path) -> None:
+    """A pickled sink (executor='process') writes to the same database."""
+    with SQLiteSink(tmp_path / "s.db") as sink:
+        copy = pickle.loads(pickle.dumps(sink))
+        copy.process(recs(range(0, 2)))
+        copy.commit({TP: 2})
+        copy.close()
+        assert sink.stored_offsets([TP]) == {TP: 2}
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    """Bad settings raise ConfigError saying what to change."""
+    with pytest.raises(ConfigError, match="database file"):
+        SQLiteSink(":memory:")
+    with pytest.raises(ConfigError, match="identifier"):
+        SQLiteSink(tmp_path / "s.db", table="x; drop")
+    with pytest.raises(ConfigError, match="synchronous"):
+        SQLiteSink(tmp_path / "s.db", synchronous="sometimes")
