@@ -772,9 +772,10 @@ class LogProducer:
     def _commit(self, recs: list[Rec], from_backlog: bool) -> bool:
         """Write records to the spool under the cap policy. False: not written, keep them."""
         rows = [_row(r) for r in recs]
+        sizes = [row_size(r) for r in rows]
         room = self._spool.room()
         if room is not None:
-            need = sum(row_size(r) for r in rows)
+            need = sum(sizes)
             if need > room:
                 policy = self.config.when_full
                 if policy == "drop_oldest":
@@ -789,8 +790,7 @@ class LogProducer:
                         log.warning("spool full: dropped %d oldest record(s)", dropped)
                     room = self._spool.room() or 0
                 fit, used = 0, 0
-                for r in rows:
-                    s = row_size(r)
+                for s in sizes:
                     if used + s > room:
                         break
                     used += s
@@ -801,14 +801,14 @@ class LogProducer:
                         with self._lock:
                             self._n_dropped += n_drop
                         log.warning("spool full: dropped %d newest record(s)", n_drop)
-                        rows = rows[:fit]
+                        rows, sizes = rows[:fit], sizes[:fit]
                     else:
                         # block / raise: keep the rest in memory; send() applies the policy.
                         self._spool_full = True
                         if fit == 0:
                             return False
                         head = recs[fit:]
-                        rows = rows[:fit]
+                        rows, sizes = rows[:fit], sizes[:fit]
                         if from_backlog:
                             with self._lock:
                                 self._backlog.extendleft(reversed(head))
@@ -819,7 +819,7 @@ class LogProducer:
             else:
                 self._spool_full = False
         try:
-            self._spool.append(rows)
+            self._spool.append(rows, sizes)
         except SpoolError as exc:
             self._disk_alarm(exc)
             return False

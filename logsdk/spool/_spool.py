@@ -322,12 +322,16 @@ class Spool:
         """Bytes left under ``max_bytes`` (None: no cap)."""
         return None if self.max_bytes is None else max(0, self.max_bytes - self.bytes)
 
-    def append(self, rows: Sequence[Row]) -> None:
-        """Commit ``rows`` in one transaction; on error nothing is committed."""
+    def append(self, rows: Sequence[Row], sizes: Sequence[int] | None = None) -> None:
+        """Commit ``rows`` in one transaction; on error nothing is committed.
+
+        ``sizes`` (each row's :func:`row_size`), when the caller has them, saves a pass.
+        """
         if not rows:
             return
         conn = self.conn
-        sizes = [row_size(r) for r in rows]
+        if sizes is None:
+            sizes = [row_size(r) for r in rows]
         try:
             conn.execute("BEGIN")
             conn.executemany(

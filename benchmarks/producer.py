@@ -1,0 +1,307 @@
+"""LogProducer throughput and latency against raw baselines measured in the same run.
+
+- producer.memory: LogProducer.send() of N records until all are acknowledged, vs a raw
+  confluent-kafka Producer (idempotent, acks=all, an on_delivery callback counting
+  acks, as any reliable hand-rolled wrapper needs) doing the same.
+- producer.send_p99_us: p99 duration of one send() call during the producer.memory run.
+- producer.spill: records/s into the spool while Kafka is down (send() until all are
+  committed), vs a raw batched SQLite insert (executemany, 5000 rows per transaction,
+  WAL, the same synchronous setting) of the same rows.
+- producer.replay: records/s drained from a full spool to Kafka after recovery
+  (replay_max_rate=None), vs the raw confluent-kafka Producer.
+
+Median of ``--rounds`` alternating rounds, 200-byte and 1 KiB values. Starts its own
+embedded broker. ``--json``: the last line is ``{"results": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from logsdk import LogProducer
+from logsdk.testing import EmbeddedBroker, create_topic, free_port
+
+PARTITIONS = 4
+SYNC = "NORMAL"
+FAST: dict[str, Any] = {
+    "probe_interval_s": 0.2,
+    "probe_backoff_max_s": 0.2,
+    "stall_timeout_s": 10.0,
+    "replay_max_rate": None,
+    "replay_batch": 5000,
+}
+
+
+def _values(n: int, size: int) -> list[bytes]:
+    pad = b"x" * (size - 12)
+    return [b"%012d" % i + pad for i in range(n)]
+
+
+def raw_produce(broker: EmbeddedBroker, topic: str, values: list[bytes]) -> float:
+    """Records/s of a raw idempotent producer until every record is acknowledged."""
+    acked = 0
+
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+        nonlocal acked
+        if err is None:
+            acked += 1
+
+    p = Producer(
+        {
+            **broker.client_config("producer"),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    t0 = time.perf_counter()
+    for i, v in enumerate(values):
+        while True:
+            try:
+                p.produce(topic, v, b"%d" % (i % 64), on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.01)
+        if i % 1000 == 0:
+            p.poll(0)
+    if p.flush(120):
+        raise RuntimeError("raw producer did not deliver everything")
+    dt = time.perf_counter() - t0
+    assert acked == len(values)
+    return len(values) / dt
+
+
+def sdk_produce(
+    broker: EmbeddedBroker, topic: str, values: list[bytes], spool: Path
+) -> tuple[float, list[int]]:
+    """Records/s of LogProducer.send() until all acknowledged, and per-call ns samples."""
+    samples: list[int] = []
+    clock = time.perf_counter_ns
+    with LogProducer(broker.bootstrap_servers, topic, spool, **FAST) as p:
+        t0 = time.perf_counter()
+        for i, v in enumerate(values):
+            s = clock()
+            p.send(v, b"%d" % (i % 64))
+            samples.append(clock() - s)
+        if p.flush(120):
+            raise RuntimeError("LogProducer did not deliver everything")
+        dt = time.perf_counter() - t0
+        assert p.stats()["acked"] == len(values)
+    return len(values) / dt, samples
+
+
+def raw_sqlite(values: list[bytes], directory: Path) -> float:
+    """Records/s of a plain batched SQLite insert of the same rows the spool stores."""
+    conn = sqlite3.connect(directory / "raw.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={SYNC}")
+    conn.execute(
+        "CREATE TABLE records (id INTEGER PRIMARY KEY, topic TEXT, key BLOB, value BLOB, "
+        "headers BLOB, ts INTEGER, seq INTEGER, size INTEGER)"
+    )
+    t0 = time.perf_counter()
+    now = int(time.time() * 1000)
+    for start in range(0, len(values), 5000):
+        rows = [
+            ("t", b"%d" % (i % 64), values[i], None, now, i, len(values[i]) + 64)
+            for i in range(start, min(start + 5000, len(values)))
+        ]
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO records (topic, key, value, headers, ts, seq, size) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        conn.execute("COMMIT")
+    dt = time.perf_counter() - t0
+    conn.close()
+    return len(values) / dt
+
+
+def sdk_spill(values: list[bytes], spool: Path) -> float:
+    """Records/s of send() with Kafka down, until every record is committed to the spool."""
+    dead = f"127.0.0.1:{free_port()}"
+    p = LogProducer(dead, "spill", spool, spool_synchronous=SYNC, **FAST)
+    try:
+        # Wait for the first failure to take it DEGRADED, as in a real outage.
+        p.send(b"warm-up")
+        deadline = time.monotonic() + 30
+        while p.stats()["state"] != "DEGRADED" or p.flush(0):
+            if time.monotonic() > deadline:
+                raise RuntimeError("producer never went DEGRADED")
+            time.sleep(0.01)
+        t0 = time.perf_counter()
+        for i, v in enumerate(values):
+            p.send(v, b"%d" % (i % 64))
+        if p.flush(120):
+            raise RuntimeError("spill did not complete")
+        dt = time.perf_counter() - t0
+    finally:
+        p.close(timeout=1)
+    return len(values) / dt
+
+
+def sdk_replay(broker: EmbeddedBroker, topic: str, spool: Path) -> tuple[float, int]:
+    """Records/s from opening a producer on a full spool until the spool is empty."""
+    t0 = time.perf_counter()
+    with LogProducer(broker.bootstrap_servers, topic, spool, **FAST) as p:
+        n = p.stats()["recovered_at_start"]
+        deadline = time.monotonic() + 300
+        while p.stats()["spool_records"] > 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("replay did not finish")
+            time.sleep(0.005)
+        dt = time.perf_counter() - t0
+    return n / dt, n
+
+
+def _result(
+    name: str,
+    unit: str,
+    value: float,
+    baseline: str | None,
+    baseline_value: float | None,
+    goal: float,
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    ratio = None if baseline_value is None else round(value / baseline_value, 3)
+    return {
+        "name": name,
+        "unit": unit,
+        "value": round(value, 1),
+        "baseline": baseline,
+        "baseline_value": None if baseline_value is None else round(baseline_value, 1),
+        "ratio": ratio,
+        "goal": goal,
+        "params": params,
+    }
+
+
+def run(records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="logsdk-bench-"))
+    try:
+        with EmbeddedBroker() as broker:
+            for size in sizes:
+                values = _values(records, size)
+                params = {"records": records, "value_bytes": size, "rounds": rounds}
+                mem_sdk, mem_raw, p99s = [], [], []
+                spill_sdk, spill_raw = [], []
+                rep_sdk, rep_raw = [], []
+                for r in range(rounds):
+                    tag = uuid.uuid4().hex[:6]
+                    # Alternate which side goes first, so drift favours neither.
+                    first_sdk = r % 2 == 0
+                    t_raw = create_topic(broker.bootstrap_servers, f"raw-{tag}", PARTITIONS)
+                    t_sdk = create_topic(broker.bootstrap_servers, f"sdk-{tag}", PARTITIONS)
+                    for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
+                        if side == "raw":
+                            mem_raw.append(raw_produce(broker, t_raw, values))
+                        else:
+                            rate, samples = sdk_produce(broker, t_sdk, values, work / f"m-{tag}")
+                            mem_sdk.append(rate)
+                            samples.sort()
+                            p99s.append(samples[int(len(samples) * 0.99)] / 1000)
+                    for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
+                        if side == "raw":
+                            d = work / f"raw-{tag}"
+                            d.mkdir()
+                            spill_raw.append(raw_sqlite(values, d))
+                        else:
+                            spill_sdk.append(sdk_spill(values, work / f"s-{tag}"))
+                    t_rep = create_topic(broker.bootstrap_servers, f"rep-{tag}", PARTITIONS)
+                    t_raw2 = create_topic(broker.bootstrap_servers, f"raw2-{tag}", PARTITIONS)
+                    for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
+                        if side == "raw":
+                            rep_raw.append(raw_produce(broker, t_raw2, values))
+                        else:
+                            rate, n = sdk_replay(broker, t_rep, work / f"s-{tag}")
+                            assert n == records + 1, n  # + the warm-up record
+                            rep_sdk.append(rate)
+                med = statistics.median
+                results.append(
+                    _result(
+                        "producer.memory" + ("" if size == 200 else f".{size}b"),
+                        "records/s",
+                        med(mem_sdk),
+                        "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
+                        med(mem_raw),
+                        0.9,
+                        params,
+                    )
+                )
+                results.append(
+                    _result(
+                        "producer.send_p99_us" + ("" if size == 200 else f".{size}b"),
+                        "µs",
+                        med(p99s),
+                        None,
+                        None,
+                        50,
+                        params,
+                    )
+                )
+                results.append(
+                    _result(
+                        "producer.spill" + ("" if size == 200 else f".{size}b"),
+                        "records/s",
+                        med(spill_sdk),
+                        f"raw batched SQLite insert, WAL, synchronous={SYNC}",
+                        med(spill_raw),
+                        0.8,
+                        params,
+                    )
+                )
+                results.append(
+                    _result(
+                        "producer.replay" + ("" if size == 200 else f".{size}b"),
+                        "records/s",
+                        med(rep_sdk),
+                        "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
+                        med(rep_raw),
+                        0.8,
+                        params,
+                    )
+                )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for r in results:
+        r["params"]["peak_rss_mib"] = round(rss_mib, 1)
+    return results
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", default="200,1024", help="value sizes in bytes, comma list")
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    results = run(args.records, args.rounds, [int(s) for s in args.sizes.split(",")])
+    for r in results:
+        ratio = "" if r["ratio"] is None else f" ratio {r['ratio']:.3f} (goal {r['goal']})"
+        base = "" if r["baseline_value"] is None else f" vs {r['baseline_value']:,.0f}"
+        print(f"{r['name']:28} {r['value']:>12,.1f} {r['unit']}{base}{ratio}")
+    if args.json:
+        print(json.dumps({"results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
