@@ -220,6 +220,8 @@ class LogProducer:
         self._last_ack = time.monotonic()
         self._last_idle = time.monotonic()
         self._transitions = 0
+        self._degraded_s = 0.0  # time spent DEGRADED, up to the last state change
+        self._degraded_since = time.monotonic()
         self._errors: collections.Counter[str] = collections.Counter()
 
         # -- requests from other threads to the pump --
@@ -387,6 +389,15 @@ class LogProducer:
             "recovered_at_start": self._recovered_at_start,
             "possible_duplicates": self._n_possible_dups,
             "transitions": self._transitions,
+            "degraded_s": round(
+                self._degraded_s
+                + (
+                    time.monotonic() - self._degraded_since
+                    if self._state is State.DEGRADED
+                    else 0.0
+                ),
+                3,
+            ),
             "alarm": self._alarm,
             "spool_corrupt_files": self._spool.corrupt_files_moved,
             "errors": dict(self._errors),
@@ -573,6 +584,11 @@ class LogProducer:
 
     def _set_state(self, new: State, reason: str) -> None:
         old = self._state
+        now = time.monotonic()
+        if old is State.DEGRADED:
+            self._degraded_s += now - self._degraded_since
+        elif new is State.DEGRADED:
+            self._degraded_since = now
         self._state = new
         self._transitions += 1
         level = logging.WARNING if new is State.DEGRADED else logging.INFO
