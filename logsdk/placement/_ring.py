@@ -240,27 +240,40 @@ class HashRing:
     ) -> dict[int, list[int]]:
         """Move only what the ring says must move, starting from ``current``.
 
-        A replica stays unless its broker left the ring, it repeats a broker or a rack
-        of its partition (where avoidable), or the walk from its key meets a virtual node
-        that ``previous`` (the ring ``current`` was planned on) lacks before it meets its
-        broker, and that new node's broker may take it. Empty slots (departed brokers,
-        new partitions, a larger RF) are then filled by bounded-load walks.
+        A replica stays unless its broker left the ring, it repeats a broker, its
+        partition could not otherwise span min(RF, racks) racks, or the walk from its
+        key meets a virtual node that ``previous`` (the ring ``current`` was planned on)
+        lacks before it meets its broker, and that new node's broker may take it. A
+        broker that gained nodes then takes replicas nearest its nodes up to its fair
+        share (:meth:`_top_up`). Empty slots (departed brokers, new partitions, a
+        larger RF) are then filled by bounded-load walks. ``previous=None`` counts
+        every node as new.
         """
         self._check_rf(topic, replication_factor)
         cap, lcap = self._caps(partitions, replication_factor, load_factor)
         gained = set(self._keys) - (set(previous._keys) if previous is not None else set())
         slots: dict[int, list[int | None]] = {}
+        need = min(replication_factor, self._n_domains)
         for p in range(partitions):
             reps: list[int | None] = []
             for b in list(current.get(p, ()))[:replication_factor]:
-                domains = {self._domain[x] for x in reps if x is not None}
-                ok = (
-                    b in self._domain
-                    and b not in reps
-                    and (self._domain[b] not in domains or len(domains) >= self._n_domains)
-                )
-                reps.append(b if ok else None)
-            slots[p] = reps + [None] * (replication_factor - len(reps))
+                reps.append(b if b in self._domain and b not in reps else None)
+            reps += [None] * (replication_factor - len(reps))
+            # Evict a same-rack replica only when filling the empty slots with fresh
+            # racks could not reach the rack spread the partition can have.
+            while True:
+                kept = [b for b in reps if b is not None]
+                if len({self._domain[b] for b in kept}) + reps.count(None) >= need:
+                    break
+                seen: set[str] = set()
+                victim = 0
+                for i, x in enumerate(reps):
+                    if x is not None:
+                        if self._domain[x] in seen:
+                            victim = i
+                        seen.add(self._domain[x])
+                reps[victim] = None
+            slots[p] = reps
         load: Counter[int] = Counter(b for reps in slots.values() for b in reps if b is not None)
         n = len(self._keys)
         for r in range(replication_factor):

@@ -34,7 +34,8 @@ def _table_to_assignment(table: str) -> dict[int, list[int]]:
 def test_reproduces_seed_table() -> None:
     """5 brokers, 10 partitions, RF 3, start index 0, shift 0 give seed 000's table exactly."""
     expected = _table_to_assignment(SEED_TABLE)
-    assert expected[0] == [0, 1, 2] and expected[5] == [0, 2, 3]
+    assert expected[0] == [0, 1, 2]
+    assert expected[5] == [0, 2, 3]
     assert kafka_assignment([0, 1, 2, 3, 4], 10, 3, start_index=0, shift=0) == expected
 
 
@@ -90,7 +91,7 @@ def test_rack_aware_uneven_racks_stay_rack_distinct() -> None:
 
 def test_rf_above_brokers_is_an_error() -> None:
     """RF 4 on 3 brokers raises PlacementError naming both numbers."""
-    with pytest.raises(PlacementError, match="replication factor 4 .* 3 available brokers"):
+    with pytest.raises(PlacementError, match=r"replication factor 4 .* 3 available brokers"):
         kafka_assignment([0, 1, 2], 3, 4, 0, 0)
 
 

@@ -64,7 +64,8 @@ def test_public_names_are_pinned() -> None:
 
 def test_placement_error_is_a_config_error() -> None:
     """PlacementError is a ConfigError (and so a ValueError)."""
-    assert issubclass(PlacementError, ConfigError) and issubclass(PlacementError, ValueError)
+    assert issubclass(PlacementError, ConfigError)
+    assert issubclass(PlacementError, ValueError)
 
 
 @pytest.mark.parametrize("strategy", ["kafka", "kafka-rack", "ring"])
@@ -86,7 +87,7 @@ def test_unknown_pool_is_named() -> None:
     """A topic of an unknown pool names the pool and the known ones."""
     brokers = (Broker(0, pool="gold"), Broker(1, pool="gold"))
     cluster = Cluster(brokers, (Topic("logs", 3, 1, pool="silver"),))
-    with pytest.raises(PlacementError, match="unknown pool 'silver' .*gold"):
+    with pytest.raises(PlacementError, match=r"unknown pool 'silver' .*gold"):
         plan(cluster)
 
 
@@ -130,14 +131,18 @@ def test_cluster_json_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps(cluster.to_dict()))
     loaded = load_cluster(path)
-    assert loaded == cluster and loaded.current == cluster.current
+    assert loaded == cluster
+    assert loaded.current == cluster.current
 
 
 def test_cluster_yaml(tmp_path: Path) -> None:
     """A YAML cluster file loads when PyYAML is installed."""
     pytest.importorskip("yaml")
     path = tmp_path / "c.yaml"
-    path.write_text("brokers:\n  - {id: 1, rack: a}\ntopics:\n  - {name: t, partitions: 1, replication_factor: 1}\n")
+    path.write_text(
+        "brokers:\n  - {id: 1, rack: a}\n"
+        "topics:\n  - {name: t, partitions: 1, replication_factor: 1}\n"
+    )
     assert load_cluster(path).brokers == (Broker(1, "a"),)
 
 

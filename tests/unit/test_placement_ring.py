@@ -36,9 +36,11 @@ def test_adding_a_broker_moves_little_with_ring() -> None:
     before = plan(TWELVE, "ring")
     after = plan(THIRTEEN, "ring", current=before)
     m = metrics(after, THIRTEEN.brokers, previous=before)
-    assert m.moved is not None and m.moved_fraction is not None
+    assert m.moved is not None
+    assert m.moved_fraction is not None
     assert m.moved_fraction <= 1.3 / 13
-    assert m.replicas[12] > 0 and m.rack_violations == 0
+    assert m.replicas[12] > 0
+    assert m.rack_violations == 0
 
 
 def test_adding_a_broker_moves_much_with_kafka() -> None:
@@ -46,7 +48,8 @@ def test_adding_a_broker_moves_much_with_kafka() -> None:
     before = plan(TWELVE, "kafka")
     after = plan(THIRTEEN, "kafka", current=before)
     moved = metrics(after, THIRTEEN.brokers, previous=before).moved_fraction
-    assert moved is not None and moved > 1.3 / 13
+    assert moved is not None
+    assert moved > 1.3 / 13
 
 
 def test_new_broker_takes_its_fair_share() -> None:
@@ -66,9 +69,7 @@ def test_weight_two_gets_twice_the_replicas() -> None:
 
 def test_weight_two_with_racks_of_equal_weight() -> None:
     """With 3 racks each holding one weight-2 broker, those get 2x (+-15%) the others."""
-    brokers = tuple(
-        Broker(i, rack=RACKS[i % 3], weight=2.0 if i < 3 else 1.0) for i in range(12)
-    )
+    brokers = tuple(Broker(i, rack=RACKS[i % 3], weight=2.0 if i < 3 else 1.0) for i in range(12))
     cluster = Cluster(brokers, (Topic("logs", 600, 3),))
     counts = metrics(plan(cluster, "ring"), brokers).replicas
     heavy = sum(counts[i] for i in range(3)) / 3
