@@ -117,7 +117,7 @@ def apply_plan(
     raise PlacementApplyError(
         f"cannot apply the plan ({len(changes)} partitions would change): this client has "
         f"no partition reassignment API (AlterPartitionReassignments) in confluent-kafka "
-        f"{confluent_kafka.version()[0]} / librdkafka {confluent_kafka.libversion()[0]}. "
+        f"{confluent_kafka.__version__} / librdkafka {confluent_kafka.libversion()[0]}. "
         "Use the JSON instead: `logsdk placement plan ... --output plan.json`, then "
         f"`kafka-reassign-partitions.sh --bootstrap-server {bootstrap} "
         "--reassignment-json-file plan.json --execute`"
