@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -44,21 +45,34 @@ MARKERS = {
 }
 
 
-def docker_answers() -> bool:
-    """True when a Docker engine answers a ping within 2 s."""
+def docker_answers(timeout: float = 2.0) -> bool:
+    """True when a Docker engine answers ``GET /_ping`` within ``timeout`` seconds.
+
+    Asked over a plain socket (``DOCKER_HOST`` or ``/var/run/docker.sock``), so the
+    probe leaves nothing open behind it.
+    """
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        import docker
-    except ImportError:
+        if host.startswith("unix://"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: str | tuple[str, int] = host[len("unix://") :]
+        elif host.startswith("tcp://"):
+            hostname, _, port = host[len("tcp://") :].rstrip("/").rpartition(":")
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            address = (hostname, int(port))
+        else:
+            return False
+    except (OSError, ValueError):
         return False
-    client = None
-    try:
-        client = docker.from_env(timeout=2)  # type: ignore[attr-defined]
-        return bool(client.ping())
-    except Exception:  # no socket, permission denied, engine down: all mean "no"
-        return False
-    finally:
-        if client is not None:
-            client.close()
+    with sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            reply = sock.recv(1024)
+        except OSError:
+            return False
+    return reply.startswith(b"HTTP/1.") and b" 200 " in reply.split(b"\r\n", 1)[0]
 
 
 def choose_broker_kind(
