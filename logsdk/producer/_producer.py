@@ -376,6 +376,7 @@ class LogProducer:
         return {
             "state": self._state.value,
             "producer_id": self.producer_id,
+            "next_seq": self._seq_next,
             "sent": sent,
             "acked": self._n_acked + self._n_replayed,
             "spooled": self._n_spooled,
@@ -796,7 +797,9 @@ class LogProducer:
                 policy = self.config.when_full
                 if policy == "drop_oldest":
                     try:
-                        dropped = self._spool.drop_oldest(need - room)
+                        # Rows already handed to Kafka for replay are not dropped: they may
+                        # arrive, and a record counted as dropped must not.
+                        dropped = self._spool.drop_oldest(need - room, self._replay_cursor)
                     except SpoolError as exc:
                         self._disk_alarm(exc)
                         return False
