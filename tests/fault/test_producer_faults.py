@@ -135,7 +135,7 @@ def test_broker_paused(broker_factory: BrokerFactory, tmp_path: Path) -> None:
 
 _CHILD = textwrap.dedent(
     """
-    import sys
+    import sys, time
     from logsdk import LogProducer
     p = LogProducer(sys.argv[1], sys.argv[3], sys.argv[2], stall_timeout_s=1.0,
                     probe_interval_s=0.2, buffer_max_records=20_000)
@@ -145,6 +145,7 @@ _CHILD = textwrap.dedent(
         i += 1
         if i % 200 == 0:
             print(p.stats()["spooled"], flush=True)
+            time.sleep(0.004)  # at most ~50k records/s: each round's replay stays short
     """
 )
 
