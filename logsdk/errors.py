@@ -22,6 +22,9 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
         ├── DeadLetterError                  a poison record could not be written to the DLT
         ├── FencedError (retriable)          a revoked owner tried to commit: roll back, re-read
         └── SinkError                        a sink's store (SQLite) failed
+    (spark_sink)
+    ├── SparkSourceError (a ConfigError)     bad logsdk-kafka / logsdk-sink option, missing topic
+    └── DataLossError                        offsets out of range (failOnDataLoss=true)
 
 Third-party errors (librdkafka, SQLite, OS) are translated once, where they
 happen, with ``raise ... from exc``.
@@ -149,3 +152,18 @@ class SinkError(ConsumerError):
     """A sink's own store failed (for SQLiteSink: an SQLite error, chained as the cause)."""
 
     retriable = True
+
+
+class SparkSourceError(ConfigError):
+    """A bad option of the ``logsdk-kafka`` source or ``logsdk-sink``, or a missing topic.
+
+    The message names the option (or topic) and what to change.
+    """
+
+
+class DataLossError(LogSDKError):
+    """Records the Spark source was asked to read are gone (retention, topic re-created).
+
+    Raised with ``failOnDataLoss=true`` (the default); the message names the partition,
+    the offsets asked for and the offsets still available.
+    """
