@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from spark_sink._session import local_session
     from spark_sink._sink import (
         ForeachBatchSink,
         HandlerSink,
@@ -33,6 +34,7 @@ _LAZY = {
     "encode_handler": "spark_sink._sink",
     "next_batch_id": "spark_sink._sink",
     "KafkaSource": "spark_sink._source",
+    "local_session": "spark_sink._session",
 }
 
 __all__ = [
@@ -41,8 +43,10 @@ __all__ = [
     "KafkaSource",
     "apply_batch",
     "encode_handler",
+    "local_session",
     "next_batch_id",
     "register",
+    "set_active",
 ]
 
 
@@ -57,6 +61,19 @@ def register(spark: SparkSession) -> None:
 
     spark.dataSource.register(KafkaSource)
     spark.dataSource.register(HandlerSink)
+    set_active(spark)
+
+
+def set_active(spark: SparkSession) -> None:
+    """Make ``spark`` the JVM's active session for the calling thread.
+
+    ``writeStream.format("logsdk-sink").start()`` finds Python data sources through
+    the JVM's *active* session, which is per JVM thread and was found unset in
+    pytest (the error is ``DATA_SOURCE_NOT_FOUND``). Call this before ``start()``
+    in a thread that did not create the session.
+    """
+    jvm = spark._jvm  # pyspark has no public call for this
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 def __getattr__(name: str) -> Any:
