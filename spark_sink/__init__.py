@@ -73,6 +73,8 @@ def set_active(spark: SparkSession) -> None:
     in a thread that did not create the session.
     """
     jvm = spark._jvm  # pyspark has no public call for this
+    if jvm is None:
+        raise RuntimeError("this SparkSession has no JVM (Spark Connect?): nothing to set")
     jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
