@@ -110,7 +110,8 @@ def dedupe(df: DataFrame, *, watermark: str = "10 minutes", event_time: str = "t
 
     Run it on :func:`parse_logs` output. Records without the headers are never
     dropped (each is keyed by its own topic/partition/offset, or kept as is when those
-    are missing). Streaming: the state is bounded by the watermark on ``event_time``.
+    are missing). Streaming: the state is bounded by the watermark on ``event_time``;
+    a batch DataFrame is deduplicated as a whole.
     """
     for col in ("producer", "seq", event_time):
         if col not in df.columns:
@@ -124,9 +125,11 @@ def dedupe(df: DataFrame, *, watermark: str = "10 minutes", event_time: str = "t
         F.col("producer").isNotNull() & F.col("seq").isNotNull(),
         F.concat_ws(":", F.lit("seq"), F.col("producer"), F.col("seq").cast("string")),
     ).otherwise(own)
+    keyed = df.withColumn("__dedupe", key)
+    if not df.isStreaming:  # Spark allows the watermark variant on streams only
+        return keyed.dropDuplicates(["__dedupe"]).drop("__dedupe")
     return (
-        df.withColumn("__dedupe", key)
-        .withWatermark(event_time, watermark)
+        keyed.withWatermark(event_time, watermark)
         .dropDuplicatesWithinWatermark(["__dedupe"])
         .drop("__dedupe")
     )
