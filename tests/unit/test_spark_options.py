@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -58,7 +59,7 @@ def test_split_ranges_honours_min_partitions() -> None:
         parts = sorted((r.start, r.end) for r in out if r.partition == p)
         assert parts[0][0] == lo
         assert parts[-1][1] == hi
-        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(parts))
     assert not [r for r in out if r.partition == 2]  # empty ranges are dropped
     assert split_ranges(ranges, None) == ranges[:2]
 
@@ -92,7 +93,7 @@ def test_pattern_bad_regex_and_missing_bootstrap() -> None:
     """A bad subscribePattern regex and a missing kafka.bootstrap.servers are named."""
     with pytest.raises(SparkSourceError, match="subscribePattern is not a valid regex"):
         parse_source_options({"kafka.bootstrap.servers": "x:1", "subscribePattern": "("})
-    with pytest.raises(SparkSourceError, match="kafka.bootstrap.servers is required"):
+    with pytest.raises(SparkSourceError, match=r"kafka\.bootstrap\.servers is required"):
         parse_source_options({"subscribe": "logs"})
 
 
