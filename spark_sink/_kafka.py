@@ -73,7 +73,10 @@ class DriverClient:
 
     def _get(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer(consumer_config(self.options))
+            # A short fetch wait: a long-poll fetch left in flight after unassign()
+            # would hold the next metadata / ListOffsets request on the same
+            # connection (measured: list_topics 0.4 s instead of 0.05 s).
+            self._consumer = Consumer(consumer_config(self.options, **{"fetch.wait.max.ms": 10}))
         return self._consumer
 
     def close(self) -> None:
@@ -146,7 +149,8 @@ class DriverClient:
                     raise SparkSourceError(
                         f"could not confirm the end offsets of {sorted(pending)} within {timeout}s"
                     )
-                for msg in consumer.consume(10_000, 0.2):
+                # consume() waits for all 10k or the timeout: keep the timeout short.
+                for msg in consumer.consume(10_000, 0.02):
                     tp = (msg.topic() or "", msg.partition() or 0)
                     err = msg.error()
                     if err is None:
@@ -180,7 +184,11 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
     ``failOnDataLoss=false`` are skipped with a warning. Gaps inside the range
     (compaction, transaction markers) are normal and end at end-of-partition.
     """
-    consumer = Consumer(consumer_config(options, **{"fetch.message.max.bytes": 8 * 1024 * 1024}))
+    consumer = Consumer(
+        consumer_config(
+            options, **{"fetch.message.max.bytes": 8 * 1024 * 1024, "fetch.wait.max.ms": 100}
+        )
+    )
     where = f"{rng.topic}[{rng.partition}]"
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
@@ -195,7 +203,9 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
         deadline = time.monotonic() + options.poll_timeout_s
         done = False
         while not done:
-            msgs = consumer.consume(CHUNK, 0.5)
+            # consume() returns after num messages or the timeout: asking for no more
+            # than what is left of the range returns as soon as the range is complete.
+            msgs = consumer.consume(max(1, min(CHUNK, rng.end - 1 - last)), 0.1)
             if not msgs and time.monotonic() > deadline:
                 raise SparkSourceError(
                     f"no record of {where} arrived within kafkaConsumer.pollTimeoutMs "

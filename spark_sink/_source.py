@@ -9,6 +9,7 @@ holds no client: the driver's is created on first use and dropped in ``__getstat
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,9 @@ from spark_sink._options import (
 
 log = logging.getLogger("spark_sink")
 
+#: Seconds an answer of marks() is reused (see _Planner.marks).
+FRESH_S = 1.0
+
 #: Columns as Spark's own Kafka source has them (headers always included).
 SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, "
@@ -69,10 +73,12 @@ class _Planner:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._client: DriverClient | None = None
+        self._marks: tuple[float, dict[TP, tuple[int, int]]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_client"] = None  # librdkafka handles cannot be pickled
+        state["_marks"] = None
         return state
 
     @property
@@ -82,8 +88,16 @@ class _Planner:
         return self._client
 
     def marks(self) -> dict[TP, tuple[int, int]]:
-        """``(earliest, true end)`` of every subscribed partition, now."""
-        return self.client.watermarks(self.client.partitions())
+        """``(earliest, true end)`` of every subscribed partition, at most FRESH_S old.
+
+        Spark calls initialOffset, prepareForTriggerAvailableNow and latestOffset back
+        to back; reusing an answer a moment old is safe (offsets only grow, and the
+        next trigger reads the rest) and saves a round of I/O each time.
+        """
+        now = time.monotonic()
+        if self._marks is None or now - self._marks[0] > FRESH_S:
+            self._marks = (now, self.client.watermarks(self.client.partitions()))
+        return dict(self._marks[1])
 
     def resolve(
         self, given: str | dict[TP, int], marks: Mapping[TP, tuple[int, int]], name: str
@@ -139,7 +153,7 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
 
     def __init__(self, options: SourceOptions) -> None:
         super().__init__(options)
-        self._target: dict[TP, int] | None = None
+        self._target: dict[TP, tuple[int, int]] | None = None
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
         """Where a new query starts (``startingOffsets``, default latest)."""
@@ -155,15 +169,14 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the target: records that arrive after this call are left to the next run."""
-        self._target = {tp: end for tp, (_, end) in self.marks().items()}
+        self._target = self.marks()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
-        """The end of the next batch: the true end of every partition, capped by ``limit``."""
-        begin = from_json_dict(start)
-        marks = self.marks()
-        for tp in sorted(set(begin) - set(marks)):
-            data_loss(self.options, f"{tp[0]}[{tp[1]}] is gone (topic deleted?)")
-            del begin[tp]
+    def _settle(self, begin: dict[TP, int], marks: Mapping[TP, tuple[int, int]]) -> dict[TP, int]:
+        """Where each partition of ``marks`` can go: its end, never back from ``begin``.
+
+        Fills ``begin`` for new partitions (their earliest offset) and reports a
+        start past the end as data loss (resuming from the end when it is skipped).
+        """
         latest: dict[TP, int] = {}
         for tp, (low, end) in marks.items():
             if tp not in begin:
@@ -177,10 +190,25 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
                     f"offsets {low}..{end - 1} are available",
                 )
                 begin[tp] = end  # failOnDataLoss=false: resume from the current end
-            cap = end if self._target is None else self._target.get(tp, begin[tp])
-            latest[tp] = max(begin[tp], min(end, cap))
+            latest[tp] = max(begin[tp], end)
+        return latest
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, dict[str, int]]:
+        """The end of the next batch: the true end of every partition, capped by ``limit``."""
+        begin = from_json_dict(start)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return to_json_dict(limit_end(begin, latest, max_rows))
+        if self._target is not None:
+            # availableNow needs no I/O past prepareForTriggerAvailableNow: the target
+            # is what exists; partitions found later wait for the next run.
+            latest = self._settle(begin, self._target)
+            for tp in begin:
+                latest.setdefault(tp, begin[tp])
+            return to_json_dict(limit_end(begin, latest, max_rows))
+        marks = self.marks()
+        for tp in sorted(set(begin) - set(marks)):
+            data_loss(self.options, f"{tp[0]}[{tp[1]}] is gone (topic deleted?)")
+            del begin[tp]
+        return to_json_dict(limit_end(begin, self._settle(begin, marks), max_rows))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Ranges ``[start, end)`` per partition, split per ``minPartitions``."""
