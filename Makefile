@@ -6,10 +6,10 @@ STAMP  := $(VENV)/.logsdk-installed
 
 .PHONY: demo test lint typecheck unit bench chaos clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,spark]'  # spark: pyspark + pyarrow for tests/spark
 	touch $(STAMP)
 
 demo: $(STAMP)

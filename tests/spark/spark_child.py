@@ -1,0 +1,35 @@
+"""The Spark query process of the SIGKILL test.
+
+``python spark_child.py BOOTSTRAP TOPIC CHECKPOINT DB``: logsdk-kafka (1500 records
+per trigger) -> logsdk-sink into SQLiteSink(DB), sink id ``killed``; runs until killed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from spark_sink import local_session
+
+
+def main() -> None:
+    bootstrap, topic, checkpoint, db = sys.argv[1:5]
+    spark = local_session("logsdk-kill-child")
+    query = (
+        spark.readStream.format("logsdk-kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "1500")
+        .load()
+        .writeStream.format("logsdk-sink")
+        .option("checkpointLocation", checkpoint)
+        .option("sqlite.path", db)
+        .option("sinkId", "killed")
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    query.awaitTermination()
+
+
+if __name__ == "__main__":
+    main()
