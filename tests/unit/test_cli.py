@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from logsdk._cli.tail import render
 from logsdk.cli import main
+from logsdk.spool._spool import Spool, encode_headers
 
 COMMANDS = [
     ["broker"],
@@ -83,3 +85,47 @@ def test_render_structlog_and_loguru_shapes_and_plain_text() -> None:
     loguru = {"level": {"name": "WARNING", "no": 30}, "message": "careful"}
     assert "WARNING careful" in render(json.dumps(loguru).encode(), 0, False)
     assert render(b"just text", 1_700_000_000_000, False) == "2023-11-14T22:13:20.000Z just text"
+
+
+def test_spool_status_and_export_read_a_closed_spool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """status counts records by topic and lists corrupt files moved aside; export --rejected
+    writes the records Kafka refused, with their error."""
+    spool = Spool(tmp_path).open()
+    try:
+        spool.append(
+            [
+                ("a", b"k", b'{"m": 1}', encode_headers([("h", b"v")]), 1_000, 0),
+                ("b", None, b"\xff\xfe", None, 2_000, 1),
+                ("a", None, b"x", None, 3_000, 2),
+            ]
+        )
+        spool.reject([(("a", None, b"too big", None, 4_000, 3), "MSG_SIZE_TOO_LARGE")])
+    finally:
+        spool.close()
+    (tmp_path / "spool.db.corrupt-20240101-000000-abcdef").write_bytes(b"junk")
+
+    assert main(["spool", "status", str(tmp_path), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["records"], status["rejected"]) == (3, 1)
+    assert {t: v["records"] for t, v in status["topics"].items()} == {"a": 2, "b": 1}
+    assert (status["oldest"], status["newest"]) == (
+        "1970-01-01T00:00:01.000Z",
+        "1970-01-01T00:00:03.000Z",
+    )
+    assert status["corrupt_files"] == ["spool.db.corrupt-20240101-000000-abcdef"]
+    assert main(["spool", "status", str(tmp_path)]) == 0
+    assert "corrupt    spool.db.corrupt-20240101-000000-abcdef" in capsys.readouterr().out
+
+    assert main(["spool", "export", str(tmp_path)]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["topic"], d["key"], d["value"]) for d in docs] == [
+        ("a", "k", '{"m": 1}'),
+        ("b", None, {"base64": "//4="}),
+        ("a", None, "x"),
+    ]
+    assert docs[0]["headers"] == [["h", "v"]]
+    assert main(["spool", "export", str(tmp_path), "--rejected"]) == 0
+    (rejected,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (rejected["value"], rejected["error"]) == ("too big", "MSG_SIZE_TOO_LARGE")
