@@ -84,6 +84,14 @@ def test_produce_then_tail(
     assert {"timestamp", "host"} <= set(wrapped)
     assert all(dict(m.headers() or []).get("logsdk.seq") is not None for m in msgs)
 
+    out = cli(
+        "produce", "-t", topic, "-b", bootstrap, "--spool-dir", str(tmp_path / "spool"),
+        "--format", "json", stdin='{"level": "DEBUG", "message": "strict"}\nnot json\n',
+    )  # fmt: skip
+    assert out.returncode == 1  # a line was refused: reported, skipped, the rest sent
+    assert "line 2 is not a JSON object" in out.stderr
+    assert "sent 1 record(s)" in out.stderr
+
     out = cli("tail", "-t", topic, "-b", bootstrap, "--from-beginning", "--count", "3")
     assert out.returncode == 0, out.stderr
     printed = out.stdout.splitlines()
@@ -103,10 +111,11 @@ def test_produce_then_tail(
     assert "disk full" not in out.stdout
     assert "\033[32mINFO" in out.stdout  # INFO in green
 
-    out = cli("tail", "-t", topic, "-b", bootstrap, "--from-beginning", "-n", "3", "--json")
+    out = cli("tail", "-t", topic, "-b", bootstrap, "--from-beginning", "-n", "4", "--json")
     assert out.returncode == 0, out.stderr
     docs = [json.loads(line) for line in out.stdout.splitlines()]
-    assert [d["offset"] for d in docs] == [0, 1, 2]
+    assert [d["offset"] for d in docs] == [0, 1, 2, 3]
+    assert docs[3]["value"] == {"level": "DEBUG", "message": "strict"}
     assert docs[0]["value"]["svc"] == "api"
     assert docs[0]["key"] == "api"
     assert "logsdk.producer" in dict(docs[0]["headers"])
