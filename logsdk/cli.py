@@ -15,7 +15,9 @@ import threading
 from collections.abc import Sequence
 
 from logsdk._cli import bench, produce, spool, tail
-from logsdk.errors import ConfigError, LogSDKError
+from logsdk._cli._common import UsageError
+from logsdk.errors import LogSDKError
+from logsdk.placement import _cli as placement_cli
 
 
 def _topic_spec(text: str) -> tuple[str, int]:
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="logsdk",
         description=(
             "Operate logsdk: a local broker for development, send and follow logs, look "
-            "into and drain a producer's spool, run the benchmarks. "
+            "into and drain a producer's spool, plan replica placement, run the benchmarks. "
             "Exit status: 0 ok, 1 failure at run time, 2 bad usage."
         ),
         epilog=(
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks")
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     p.add_argument("--durable", action="store_true", help="keep data across broker restarts")
     p.add_argument(
@@ -92,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="create this topic at start (repeatable)",
     )
     p.set_defaults(func=_cmd_broker)
+    placement_cli.register(sub)
     for module in (produce, tail, spool, bench):
         module.register(sub)
     return parser
@@ -118,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(f"logsdk: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         return 130
 

@@ -2,6 +2,6 @@
 
 Each module has ``register(subparsers)``, which adds its parser(s) and sets ``func``
 (``args -> exit code``). Errors are raised as :mod:`logsdk.errors` types and turned
-into exit codes by ``logsdk.cli.main``: :class:`~logsdk.errors.ConfigError` is bad
-usage (2), any other :class:`~logsdk.errors.LogSDKError` or ``OSError`` a failure (1).
+into exit codes by ``logsdk.cli.main``: ``_common.UsageError`` is bad usage (2), any
+other :class:`~logsdk.errors.LogSDKError` or ``OSError`` a failure (1).
 """

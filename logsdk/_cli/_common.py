@@ -19,6 +19,10 @@ from logsdk.errors import ConfigError
 Subparsers = Any
 
 
+class UsageError(ConfigError):
+    """A command line that cannot work as given (exit status 2, like argparse's own errors)."""
+
+
 def add_command(
     sub: Subparsers, name: str, *, help: str, description: str, examples: str
 ) -> argparse.ArgumentParser:
@@ -67,7 +71,7 @@ def kafka_config(args: argparse.Namespace) -> ClientConfig:
     for item in args.kafka_config:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"-X takes KEY=VALUE, got {item!r}")
+            raise UsageError(f"-X takes KEY=VALUE, got {item!r}")
         out[key.strip()] = value
     return out
 

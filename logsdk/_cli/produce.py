@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from logsdk._cli._common import (
     Subparsers,
+    UsageError,
     add_command,
     add_kafka_options,
     err,
@@ -21,7 +22,7 @@ from logsdk._cli._common import (
     seconds,
     sigterm_as_interrupt,
 )
-from logsdk.errors import ConfigError, LogSDKError
+from logsdk.errors import LogSDKError
 
 if TYPE_CHECKING:
     from logsdk.producer import LogProducer
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from logsdk.producer import LogProducer  # imported late: --help stays quick
 
     if not args.topic.strip():
-        raise ConfigError("--topic must not be empty")
+        raise UsageError("--topic must not be empty")
     spool_dir = args.spool_dir or default_spool_dir(args.topic)
     host = socket.gethostname()
     bad = 0

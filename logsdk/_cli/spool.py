@@ -229,7 +229,7 @@ def run_status(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=2))
         return 0
     owner = s["locked_by"]
-    who = f"in use by pid {owner['pid']}" if owner["running"] else "not in use (no live producer)"
+    who = f"in use by pid {owner['pid']}" if owner["running"] else "no live producer"
     print(f"spool      {s['dir']}  ({who})")
     print(f"producer   {s['producer_id']}")
     print(f"records    {s['records']}  ({s['bytes']:,} bytes counted, {s['file_bytes']:,} on disk)")

@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from logsdk._cli._common import (
     Subparsers,
+    UsageError,
     add_command,
     add_kafka_options,
     err,
@@ -24,7 +25,7 @@ from logsdk._cli._common import (
     seconds,
     sigterm_as_interrupt,
 )
-from logsdk.errors import ConfigError, ConsumerError
+from logsdk.errors import ConsumerError
 
 _RESET = "\033[0m"
 _DIM = "\033[2m"
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             pattern = re.compile(args.grep, re.IGNORECASE if args.ignore_case else 0)
         except re.error as exc:
-            raise ConfigError(f"--grep is not a valid regular expression: {exc}") from exc
+            raise UsageError(f"--grep is not a valid regular expression: {exc}") from exc
     out: IO[str] = sys.stdout
     colour = args.color == "always" or (
         args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
@@ -245,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         consumer = Consumer(conf)
     except KafkaException as exc:
-        raise ConfigError(f"bad Kafka setting: {exc}") from exc
+        raise UsageError(f"bad Kafka setting: {exc}") from exc
     printed = 0
     now = time.monotonic
     idle_since = [now()]

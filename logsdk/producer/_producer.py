@@ -220,6 +220,8 @@ class LogProducer:
         self._last_ack = time.monotonic()
         self._last_idle = time.monotonic()
         self._transitions = 0
+        self._degraded_s = 0.0  # time spent DEGRADED, up to the last state change
+        self._degraded_since = time.monotonic()
         self._errors: collections.Counter[str] = collections.Counter()
 
         # -- requests from other threads to the pump --
@@ -312,8 +314,15 @@ class LogProducer:
                 except BufferError:
                     self._direct = False  # librdkafka's queue is full: queue behind it
                 except KafkaException as exc:
+                    if _client.is_record_exception(exc):
+                        self._n_rejected += 1
+                        self._errors["record_rejected"] += 1
+                        raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
+                    # The client is unusable (fatal, ...): the record is not its fault.
+                    # Accept it behind the client and let the pump replace the client.
+                    self._direct = False
                     self._errors["produce_error"] += 1
-                    raise _translate_produce_error(exc) from exc
+                    self._request_degrade(f"produce failed: {exc}")
                 else:
                     self._seq_next = seq + 1
                     self._n_sent += 1
@@ -374,6 +383,7 @@ class LogProducer:
         return {
             "state": self._state.value,
             "producer_id": self.producer_id,
+            "next_seq": self._seq_next,
             "sent": sent,
             "acked": self._n_acked + self._n_replayed,
             "spooled": self._n_spooled,
@@ -387,6 +397,15 @@ class LogProducer:
             "recovered_at_start": self._recovered_at_start,
             "possible_duplicates": self._n_possible_dups,
             "transitions": self._transitions,
+            "degraded_s": round(
+                self._degraded_s
+                + (
+                    time.monotonic() - self._degraded_since
+                    if self._state is State.DEGRADED
+                    else 0.0
+                ),
+                3,
+            ),
             "alarm": self._alarm,
             "spool_corrupt_files": self._spool.corrupt_files_moved,
             "errors": dict(self._errors),
@@ -517,20 +536,23 @@ class LogProducer:
     # -- pump thread ------------------------------------------------------------------------
 
     def _pump_loop(self) -> None:
-        try:
-            while not self._stop.is_set():
+        while not self._stop.is_set():
+            try:
                 busy = self._step()
-                with self._done:
-                    self._done.notify_all()
-                if not busy:
-                    client = self._client
-                    if client is not None:
-                        client.poll(0.01)
-                    else:
-                        self._wake.wait(0.01)
-                    self._wake.clear()
-        except Exception:  # pragma: no cover - a bug; keep the records, say so loudly
-            log.exception("logsdk pump thread crashed; records stay buffered until close()")
+            except Exception:  # a bug: say so loudly, keep the records, keep pumping
+                self._errors["pump"] += 1
+                log.exception("logsdk pump step failed; retrying (records stay buffered)")
+                self._stop.wait(0.5)
+                continue
+            with self._done:
+                self._done.notify_all()
+            if not busy:
+                client = self._client
+                if client is not None:
+                    client.poll(0.01)
+                else:
+                    self._wake.wait(0.01)
+                self._wake.clear()
 
     def _step(self) -> bool:
         """One round of work; True when there may be more to do right away."""
@@ -573,6 +595,11 @@ class LogProducer:
 
     def _set_state(self, new: State, reason: str) -> None:
         old = self._state
+        now = time.monotonic()
+        if old is State.DEGRADED:
+            self._degraded_s += now - self._degraded_since
+        elif new is State.DEGRADED:
+            self._degraded_since = now
         self._state = new
         self._transitions += 1
         level = logging.WARNING if new is State.DEGRADED else logging.INFO
@@ -684,8 +711,12 @@ class LogProducer:
                 break
             except KafkaException as exc:
                 self._errors["produce_error"] += 1
-                self._reject_ids.append((rid, str(exc)))
-                continue
+                if _client.is_record_exception(exc):
+                    self._reject_ids.append((rid, str(exc)))
+                    self._replay_cursor = rid
+                    continue
+                self._request_degrade(f"replay produce failed: {exc}")
+                break
             self._replay_inflight[rid] = size
             self._replay_cursor = rid
             sent += 1
@@ -730,6 +761,9 @@ class LogProducer:
             return False
         except KafkaException as exc:
             self._errors["produce_error"] += 1
+            if not _client.is_record_exception(exc):
+                self._request_degrade(f"produce failed: {exc}")
+                return False  # kept in the backlog; the degrade spools it
             self._n_rejected += 1
             self._rejects.append((_row(rec), str(exc)))
             return True
@@ -780,7 +814,9 @@ class LogProducer:
                 policy = self.config.when_full
                 if policy == "drop_oldest":
                     try:
-                        dropped = self._spool.drop_oldest(need - room)
+                        # Rows already handed to Kafka for replay are not dropped: they may
+                        # arrive, and a record counted as dropped must not.
+                        dropped = self._spool.drop_oldest(need - room, self._replay_cursor)
                     except SpoolError as exc:
                         self._disk_alarm(exc)
                         return False
@@ -925,13 +961,6 @@ class LogProducer:
                     self._stop.wait(delay)
             else:
                 self._stop.wait(0.1)
-
-
-def _translate_produce_error(exc: KafkaException) -> Exception:
-    err = exc.args[0] if exc.args else None
-    if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-        return RecordTooLargeError(f"record rejected by the client: {err.str()}")
-    return SpoolError(f"could not hand the record to librdkafka: {exc}")
 
 
 def _headers_of(msg: Message) -> Headers:

@@ -51,7 +51,7 @@ def test_help_lists_every_command() -> None:
     """`logsdk --help` lists every command, with examples; exit 0."""
     out = cli("--help")
     assert out.returncode == 0, out.stderr
-    for command in ("broker", "produce", "tail", "spool", "bench"):
+    for command in ("broker", "placement", "produce", "tail", "spool", "bench"):
         assert command in out.stdout
     assert "examples:" in out.stdout
 
