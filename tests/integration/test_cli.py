@@ -1,0 +1,286 @@
+"""The `logsdk` command, run as a subprocess against a real broker, one test per command."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+
+from logsdk import LogProducer
+from logsdk.testing import free_port, read_topic, tansu_binary
+from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import FAST, wait_until
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(
+    *args: str, stdin: str | None = None, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m logsdk.cli ARGS`` and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "logsdk.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "", **(env or {})},
+    )
+
+
+def consumer_settings(kafka_broker: KafkaTarget) -> list[str]:
+    """``-X`` options that make a consumer group join quickly on this cluster."""
+    out: list[str] = []
+    for key, value in kafka_broker.client_config("consumer").items():
+        if key != "bootstrap.servers":
+            out += ["-X", f"{key}={value}"]
+    return out
+
+
+def test_help_lists_every_command() -> None:
+    """`logsdk --help` lists every command, with examples; exit 0."""
+    out = cli("--help")
+    assert out.returncode == 0, out.stderr
+    for command in ("broker", "placement", "produce", "tail", "spool", "bench"):
+        assert command in out.stdout
+    assert "examples:" in out.stdout
+
+
+def test_produce_then_tail(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """produce: JSON lines as is, plain lines wrapped, keys from a field; tail prints them
+    readably, filters with --grep, colours levels on request, and --json keeps every field."""
+    topic = fresh_topic(1)
+    bootstrap = kafka_broker.bootstrap_servers
+    lines = [
+        json.dumps({"level": "ERROR", "logger": "web", "message": "disk full", "svc": "api"}),
+        "a plain line",
+        json.dumps({"level": "INFO", "logger": "web", "message": "recovered", "n": 3}),
+    ]
+    out = cli(
+        "produce", "-t", topic, "-b", bootstrap, "--spool-dir", str(tmp_path / "spool"),
+        "--key-field", "svc", "--key", "default-key",
+        stdin="\n".join(lines) + "\n\n",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "sent 3 record(s)" in out.stderr
+    msgs = read_topic(bootstrap, topic)
+    assert [m.key() for m in msgs] == [b"api", b"default-key", b"default-key"]
+    assert json.loads(msgs[0].value() or b"")["message"] == "disk full"
+    wrapped = json.loads(msgs[1].value() or b"")
+    assert wrapped["message"] == "a plain line"
+    assert wrapped["level"] == "INFO"
+    assert {"timestamp", "host"} <= set(wrapped)
+    assert all(dict(m.headers() or []).get("logsdk.seq") is not None for m in msgs)
+
+    out = cli(
+        "produce", "-t", topic, "-b", bootstrap, "--spool-dir", str(tmp_path / "spool"),
+        "--format", "json", stdin='{"level": "DEBUG", "message": "strict"}\nnot json\n',
+    )  # fmt: skip
+    assert out.returncode == 1  # a line was refused: reported, skipped, the rest sent
+    assert "line 2 is not a JSON object" in out.stderr
+    assert "sent 1 record(s)" in out.stderr
+
+    out = cli("tail", "-t", topic, "-b", bootstrap, "--from-beginning", "--count", "3")
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.splitlines()
+    assert len(printed) == 3
+    assert "ERROR" in printed[0]
+    assert "web: disk full" in printed[0]
+    assert "svc=api" in printed[0]
+    assert "a plain line" in printed[1]
+    assert "\033[" not in out.stdout  # not a terminal: no colour
+
+    out = cli(
+        "tail", "-t", topic, "-b", bootstrap, "--from-beginning", "--count", "1",
+        "--grep", "RECOVER", "-i", "--color", "always",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "recovered" in out.stdout
+    assert "disk full" not in out.stdout
+    assert "\033[32mINFO" in out.stdout  # INFO in green
+
+    out = cli("tail", "-t", topic, "-b", bootstrap, "--from-beginning", "-n", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    docs = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [d["offset"] for d in docs] == [0, 1, 2, 3]
+    assert docs[3]["value"] == {"level": "DEBUG", "message": "strict"}
+    assert docs[0]["value"]["svc"] == "api"
+    assert docs[0]["key"] == "api"
+    assert "logsdk.producer" in dict(docs[0]["headers"])
+
+
+def test_tail_group_resumes_after_what_it_printed(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """tail --group commits what it printed: a second run starts right after it."""
+    topic = fresh_topic(1)
+    bootstrap = kafka_broker.bootstrap_servers
+    with LogProducer(bootstrap, topic, tmp_path) as p:
+        for i in range(3):
+            p.send({"level": "INFO", "message": f"m{i}"})
+        assert p.flush(10) == 0
+    group = f"tail-{topic}"
+    args = ["tail", "-t", topic, "-b", bootstrap, "--group", group, "--from-beginning"]
+    first = cli(*args, "--count", "2", *consumer_settings(kafka_broker))
+    assert first.returncode == 0, first.stderr
+    assert ["m0" in first.stdout, "m1" in first.stdout, "m2" in first.stdout] == [1, 1, 0]
+    second = cli(*args, "--count", "1", *consumer_settings(kafka_broker))
+    assert second.returncode == 0, second.stderr
+    assert "m2" in second.stdout
+    assert "m0" not in second.stdout
+
+
+def test_tail_unknown_topic_fails_cleanly(kafka_broker: KafkaTarget) -> None:
+    """A missing topic: exit 1, one line on stderr, no traceback."""
+    out = cli("tail", "-t", "no-such-topic-xyz", "-b", kafka_broker.bootstrap_servers)
+    assert out.returncode == 1
+    assert "not found" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_spool_status_export_replay(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """produce with Kafka unreachable leaves records in the spool (exit 1, says how to
+    replay); status and export read it while a producer holds it; replay refuses a held
+    spool and, once free, delivers everything and empties it."""
+    topic = fresh_topic(2)
+    spool = tmp_path / "spool"
+    dead = f"127.0.0.1:{free_port()}"
+    lines = "".join(json.dumps({"level": "WARNING", "message": f"r{i}"}) + "\n" for i in range(40))
+    out = cli("produce", "-t", topic, "-b", dead, "--spool-dir", str(spool), "--timeout", "1",
+              stdin=lines)  # fmt: skip
+    assert out.returncode == 1
+    assert "logsdk spool replay" in out.stderr
+    assert "Traceback" not in out.stderr
+
+    # A live producer holds the dir (Kafka still unreachable) and adds 10 more records.
+    holder = LogProducer(dead, topic, spool, **FAST)
+    try:
+        for i in range(40, 50):
+            holder.send({"level": "INFO", "message": f"r{i}"}, headers={"app": "cli-test"})
+        wait_until(lambda: holder.stats()["spool_records"] == 50, 20, "50 records spooled")
+        out = cli("spool", "status", str(spool), "--json")
+        assert out.returncode == 0, out.stderr
+        status = json.loads(out.stdout)
+        assert status["records"] == 50
+        assert status["topics"][topic]["records"] == 50
+        assert status["bytes"] > 0
+        assert status["oldest"] <= status["newest"]
+        assert status["locked_by"] == {"pid": os.getpid(), "running": True}
+        assert status["producer_id"] == holder.producer_id
+        human = cli("spool", "status", str(spool))
+        assert human.returncode == 0, human.stderr
+        assert f"in use by pid {os.getpid()}" in human.stdout
+
+        export = tmp_path / "pending.jsonl"
+        out = cli("spool", "export", str(spool), "-o", str(export))
+        assert out.returncode == 0, out.stderr
+        docs = [json.loads(line) for line in export.read_text().splitlines()]
+        seqs = [d["seq"] for d in docs]
+        assert seqs[:40] == list(range(40))
+        assert seqs == sorted(set(seqs))  # send order; a new producer run skips ahead
+        assert json.loads(docs[45]["value"])["message"] == "r45"
+        assert docs[45]["headers"] == [["app", "cli-test"]]
+        assert {d["producer"] for d in docs} == {holder.producer_id}
+
+        out = cli("spool", "replay", str(spool), "-b", kafka_broker.bootstrap_servers)
+        assert out.returncode == 1
+        assert "in use by another LogProducer" in out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        holder.close()
+
+    out = cli("spool", "replay", str(spool), "-b", kafka_broker.bootstrap_servers)
+    assert out.returncode == 0, out.stderr
+    assert "50/50 (100%)" in out.stderr
+    assert "replayed 50 of 50" in out.stderr
+    msgs = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert sorted(json.loads(m.value() or b"")["message"] for m in msgs) == sorted(
+        f"r{i}" for i in range(50)
+    )
+    out = cli("spool", "status", str(spool), "--json")
+    assert json.loads(out.stdout)["records"] == 0
+
+
+def test_spool_status_of_a_missing_dir_fails_cleanly(tmp_path: Path) -> None:
+    """Not a spool dir: exit 1 with the reason; --debug shows the traceback."""
+    out = cli("spool", "status", str(tmp_path))
+    assert out.returncode == 1
+    assert "is not a spool dir" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = cli("--debug", "spool", "status", str(tmp_path))
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr
+
+
+def test_broker_command_serves_topics_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """`logsdk broker --topic NAME:N` prints a bootstrap address that serves the topic, and
+    SIGTERM stops it with exit 0."""
+    try:
+        tansu_binary()
+    except Exception as exc:
+        pytest.skip(f"no embedded broker here: {exc}")
+    log = (tmp_path / "broker.err").open("w")
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-m", "logsdk.cli", "broker", "--topic", "cli-topic:2"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            cwd=ROOT,
+        ) as proc:
+            try:
+                assert proc.stdout is not None
+                with selectors.DefaultSelector() as sel:
+                    sel.register(proc.stdout, selectors.EVENT_READ)
+                    assert sel.select(timeout=60), "no bootstrap address within 60 s"
+                bootstrap = proc.stdout.readline().strip()
+                assert bootstrap.startswith("127.0.0.1:")
+                admin = AdminClient({"bootstrap.servers": bootstrap})
+                md = admin.list_topics("cli-topic", timeout=10).topics["cli-topic"]
+                assert len(md.partitions) == 2
+                del admin
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    finally:
+        log.close()
+
+
+def test_bench_runs_the_checkout_runner_or_says_why_not(tmp_path: Path) -> None:
+    """bench lists the checkout's benchmarks, runs run_all.py with the arguments after --
+    (exit status passed on), and without benchmarks fails with a clear message."""
+    out = cli("bench", "--list")
+    assert out.returncode == 0, out.stderr
+    assert {"producer", "consumer"} <= set(out.stdout.split())
+
+    fake = tmp_path / "benchmarks"
+    fake.mkdir()
+    (fake / "run_all.py").write_text(
+        "import sys\nprint('ran', sys.argv[1:])\nsys.exit(0 if '--ok' in sys.argv else 3)\n"
+    )
+    out = cli("bench", "--dir", str(fake), "--", "--ok", "--records", "10")
+    assert out.returncode == 0, out.stderr
+    assert "ran ['--ok', '--records', '10']" in out.stdout
+    assert cli("bench", "--dir", str(fake)).returncode == 1
+
+    out = cli("bench", "--dir", str(tmp_path / "nowhere"))
+    assert out.returncode == 1
+    assert "no benchmarks found" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,110 @@
+"""The Prometheus exporter, scraped over HTTP while a producer and a consumer work."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from logsdk import LogConsumer, LogProducer, Record
+from logsdk.errors import ConfigError
+from logsdk.metrics import CONSUMER_METRICS, PRODUCER_METRICS, PrometheusExporter
+from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of ``url`` as {(name, labels): value}."""
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def value(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    """The one sample called ``name`` whose labels include ``labels``."""
+    found = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def test_producer_metrics_change_after_sends(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A scrape reads stats() at that moment: sent/acked go from 0 to 25, state ONLINE is 1,
+    and every stats() key of the producer is a documented metric."""
+    topic = fresh_topic(1)
+    with (
+        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p,
+        PrometheusExporter(p, port=0, labels={"service": "web"}) as exporter,
+    ):
+        assert set(p.stats()) == set(PRODUCER_METRICS)
+        pid = p.producer_id
+        before = scrape(exporter.url)
+        assert value(before, "logsdk_producer_sent_total", producer_id=pid, service="web") == 0
+        for i in range(25):
+            p.send({"level": "INFO", "message": f"m{i}"})
+        assert p.flush(10) == 0
+        after = scrape(exporter.url)
+        assert value(after, "logsdk_producer_sent_total", producer_id=pid) == 25
+        assert value(after, "logsdk_producer_acked_total", producer_id=pid) == 25
+        assert value(after, "logsdk_producer_buffered", producer_id=pid) == 0
+        assert value(after, "logsdk_producer_state", state="ONLINE") == 1
+        assert value(after, "logsdk_producer_state", state="DEGRADED") == 0
+        assert value(after, "logsdk_producer_alarm", producer_id=pid) == 0
+
+
+def test_consumer_metrics_follow_processing(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """processed/fetched counters and lag gauges of a running consumer, scraped until they
+    show all 30 records; every stats() key of the consumer is a documented metric."""
+    topic = fresh_topic(2)
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        for i in range(30):
+            p.send(f"r{i}", key=str(i))
+        assert p.flush(10) == 0
+    seen: list[Record] = []
+    conf = dict(kafka_broker.client_config("consumer"))
+    consumer = LogConsumer(
+        group_id=f"metrics-{topic}", topics=[topic], handler=seen.append, kafka_config=conf
+    )
+    with PrometheusExporter(consumer, labels={"group": "metrics"}) as exporter:
+        before = scrape(exporter.url)
+        assert value(before, "logsdk_consumer_processed_total", group="metrics") == 0
+        assert value(before, "logsdk_consumer_state", state="new") == 1
+        with consumer:
+
+            def processed() -> bool:
+                return value(scrape(exporter.url), "logsdk_consumer_processed_total") == 30
+
+            wait_until(processed, 30, "30 records processed, as scraped")
+            after = scrape(exporter.url)
+            assert value(after, "logsdk_consumer_fetched_total") == 30
+            assert value(after, "logsdk_consumer_assigned") == 2
+            assert value(after, "logsdk_consumer_state", state="running") == 1
+            assert set(consumer.stats()) <= set(CONSUMER_METRICS)
+    assert len(seen) == 30
+
+
+def test_exporter_rejects_what_it_cannot_label_apart(kafka_broker: KafkaTarget) -> None:
+    """Two consumers with the same labels would collide: ConfigError, saying what to pass."""
+    conf = dict(kafka_broker.client_config("consumer"))
+    a = LogConsumer(group_id="a", topics=["t"], handler=print, kafka_config=conf)
+    b = LogConsumer(group_id="b", topics=["t"], handler=print, kafka_config=conf)
+    with pytest.raises(ConfigError, match="distinct labels"):
+        PrometheusExporter(a, b)
+    exporter = PrometheusExporter(a, labels={"group": "a"})
+    exporter.add(b, labels={"group": "b"})
+    with pytest.raises(ConfigError, match="not started"):
+        _ = exporter.port

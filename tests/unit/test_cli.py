@@ -1,0 +1,131 @@
+"""The `logsdk` command in-process: help texts, usage errors, and tail's rendering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from logsdk._cli.tail import render
+from logsdk.cli import main
+from logsdk.spool._spool import Spool, encode_headers
+
+COMMANDS = [
+    ["broker"],
+    ["produce"],
+    ["tail"],
+    ["spool"],
+    ["spool", "status"],
+    ["spool", "export"],
+    ["spool", "replay"],
+    ["bench"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help_with_examples(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`logsdk CMD --help` exits 0 and shows examples."""
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out
+    assert f"logsdk {' '.join(command)}" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tail", "-b", "127.0.0.1:1"],  # no --topic
+        ["tail", "-t", "x", "-b", "127.0.0.1:1", "--count", "0"],
+        ["tail", "-t", "x", "-b", "127.0.0.1:1", "--grep", "("],
+        ["produce", "-t", "x", "-b", "127.0.0.1:1", "-X", "novalue"],
+        ["broker", "--topic", "name:zero"],
+        ["frobnicate"],
+    ],
+    ids=["missing-option", "bad-count", "bad-regex", "bad-X", "bad-topic-spec", "unknown"],
+)
+def test_usage_errors_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad usage exits 2 with a message on stderr and no traceback."""
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.strip()
+    assert "Traceback" not in err
+
+
+def test_render_json_log_record() -> None:
+    """A KafkaHandler-style record: time, level, logger, message, fields, traceback below."""
+    doc = {
+        "timestamp": "2024-01-01T00:00:00Z",
+        "level": "ERROR",
+        "logger": "web",
+        "message": "boom",
+        "extra": {"path": "/x"},
+        "exception": "Traceback...\nValueError: x",
+    }
+    line = render(json.dumps(doc).encode(), 0, colour=False)
+    first, *rest = line.splitlines()
+    assert first == "2024-01-01T00:00:00Z ERROR   web: boom path=/x"
+    assert rest == ["    Traceback...", "    ValueError: x"]
+    assert "\033[31m" in render(json.dumps(doc).encode(), 0, colour=True)
+
+
+def test_render_structlog_and_loguru_shapes_and_plain_text() -> None:
+    """structlog's "event", loguru's level object, and non-JSON values all print."""
+    assert "INFO    hello user=1" in render(
+        b'{"event": "hello", "level": "info", "user": 1}', 0, False
+    )
+    loguru = {"level": {"name": "WARNING", "no": 30}, "message": "careful"}
+    assert "WARNING careful" in render(json.dumps(loguru).encode(), 0, False)
+    assert render(b"just text", 1_700_000_000_000, False) == "2023-11-14T22:13:20.000Z just text"
+
+
+def test_spool_status_and_export_read_a_closed_spool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """status counts records by topic and lists corrupt files moved aside; export --rejected
+    writes the records Kafka refused, with their error."""
+    spool = Spool(tmp_path).open()
+    try:
+        spool.append(
+            [
+                ("a", b"k", b'{"m": 1}', encode_headers([("h", b"v")]), 1_000, 0),
+                ("b", None, b"\xff\xfe", None, 2_000, 1),
+                ("a", None, b"x", None, 3_000, 2),
+            ]
+        )
+        spool.reject([(("a", None, b"too big", None, 4_000, 3), "MSG_SIZE_TOO_LARGE")])
+    finally:
+        spool.close()
+    (tmp_path / "spool.db.corrupt-20240101-000000-abcdef").write_bytes(b"junk")
+
+    assert main(["spool", "status", str(tmp_path), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["records"], status["rejected"]) == (3, 1)
+    assert {t: v["records"] for t, v in status["topics"].items()} == {"a": 2, "b": 1}
+    assert (status["oldest"], status["newest"]) == (
+        "1970-01-01T00:00:01.000Z",
+        "1970-01-01T00:00:03.000Z",
+    )
+    assert status["corrupt_files"] == ["spool.db.corrupt-20240101-000000-abcdef"]
+    assert main(["spool", "status", str(tmp_path)]) == 0
+    assert "corrupt    spool.db.corrupt-20240101-000000-abcdef" in capsys.readouterr().out
+
+    assert main(["spool", "export", str(tmp_path)]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(d["topic"], d["key"], d["value"]) for d in docs] == [
+        ("a", "k", '{"m": 1}'),
+        ("b", None, {"base64": "//4="}),
+        ("a", None, "x"),
+    ]
+    assert docs[0]["headers"] == [["h", "v"]]
+    assert main(["spool", "export", str(tmp_path), "--rejected"]) == 0
+    (rejected,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (rejected["value"], rejected["error"]) == ("too big", "MSG_SIZE_TOO_LARGE")
