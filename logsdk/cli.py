@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from logsdk.errors import LogSDKError
+from logsdk.shm._cli import register as register_shm
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     p.add_argument("--durable", action="store_true", help="keep data across broker restarts")
     p.set_defaults(func=_cmd_broker)
+    register_shm(sub)
     return parser
 
 

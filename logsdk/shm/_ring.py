@@ -133,6 +133,7 @@ class ShmRing:
         self._open: dict[int, int] = {}  # seq -> byte offset of its unsettled frame
         self._order: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end)
         self._topics: dict[str, bytes] = {}
+        self._puts = 0
         self.recovered: list[Row] = []  # unsettled records a dead owner left behind
         self.corrupt = 0  # corrupt regions skipped while reading them
         self.n_recovered = 0  # records moved to the spool at attach
@@ -315,8 +316,9 @@ class ShmRing:
         off = pos % cap
         room = cap - off
         need = size if size <= room else room + size
-        if pos + need - self._tail > cap:
-            self._advance()
+        self._puts += 1
+        if pos + need - self._tail > cap or not self._puts & 1023:
+            self._advance()  # every 1024 puts too, so the published tail stays near
             if pos + need - self._tail > cap:
                 if size > cap // 2:
                     raise RecordTooLargeError(
