@@ -215,6 +215,7 @@ def test_full_ring_policies_while_kafka_stalls(pausable: EmbeddedBroker, tmp_pat
                 max_block_s=0.3,
                 stall_timeout_s=60,
                 probe_interval_s=60,
+                probe_timeout_s=0.2,  # close() waits for the health thread's probe
             )
             try:
                 outcome: list[str] = []
