@@ -125,6 +125,12 @@ class LogProducer:
     or call :meth:`close`, which moves whatever Kafka has not acknowledged to the
     spool. Thread-safe: ``send()`` may be called from any number of threads.
 
+    ``buffer="shm"`` also keeps every accepted record in a ring in POSIX shared memory
+    (named ``shm_name``, by default derived from ``spool_dir``; ``shm_bytes`` long) until
+    Kafka acknowledged it or the spool committed it, so a producer restarted after a crash
+    of this process (even SIGKILL) resends them. A full ring is handled per ``when_full``
+    (``drop_oldest`` waits like ``block``); see :mod:`logsdk.shm._ring` for the layout.
+
     ``kafka_config`` passes librdkafka properties through (SASL/SSL included; their
     secrets are never logged or shown). ``enable.idempotence`` and ``acks=all`` are
     set by logsdk and may not be weakened.
