@@ -31,5 +31,10 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
+SEED ?= 1
+DURATION ?= 300
+chaos: $(STAMP)
+	$(PY) -m logsdk.testing.chaos --duration $(DURATION) --seed $(SEED) --results benchmarks/results.json
+
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info

@@ -13,7 +13,8 @@ import threading
 from collections.abc import Sequence
 
 from logsdk.errors import LogSDKError
-from logsdk.shm._cli import register as register_shm
+from logsdk.placement import _cli as placement_cli
+from logsdk.shm import _cli as shm_cli
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -46,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     p.add_argument("--durable", action="store_true", help="keep data across broker restarts")
     p.set_defaults(func=_cmd_broker)
-    register_shm(sub)
+    placement_cli.register(sub)
+    shm_cli.register(sub)
     return parser
 
 

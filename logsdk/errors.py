@@ -6,6 +6,8 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
 
     LogSDKError
     ├── ConfigError (also ValueError)        bad argument or setting: fix the call
+    │   └── PlacementError                   bad cluster model or placement request
+    │       └── PlacementApplyError          the plan cannot be applied through the client
     ├── SerializationError (also TypeError)  send() got a value it cannot serialise
     ├── RecordTooLargeError (also ValueError) a record above the size limit; not accepted
     ├── ProducerClosedError                  send() after close()
@@ -159,3 +161,11 @@ class SinkError(ConsumerError):
     """A sink's own store failed (for SQLiteSink: an SQLite error, chained as the cause)."""
 
     retriable = True
+
+
+class PlacementError(ConfigError):
+    """A replica placement request that cannot be met; the message names the item."""
+
+
+class PlacementApplyError(PlacementError):
+    """The plan cannot be applied through the admin client; apply its JSON with Kafka's tool."""

@@ -239,6 +239,8 @@ class LogProducer:
         self._last_ack = time.monotonic()
         self._last_idle = time.monotonic()
         self._transitions = 0
+        self._degraded_s = 0.0  # time spent DEGRADED, up to the last state change
+        self._degraded_since = time.monotonic()
         self._errors: collections.Counter[str] = collections.Counter()
 
         # -- requests from other threads to the pump --
@@ -403,6 +405,7 @@ class LogProducer:
         out: dict[str, Any] = {
             "state": self._state.value,
             "producer_id": self.producer_id,
+            "next_seq": self._seq_next,
             "sent": sent,
             "acked": self._n_acked + self._n_replayed,
             "spooled": self._n_spooled,
@@ -416,6 +419,15 @@ class LogProducer:
             "recovered_at_start": self._recovered_at_start,
             "possible_duplicates": self._n_possible_dups,
             "transitions": self._transitions,
+            "degraded_s": round(
+                self._degraded_s
+                + (
+                    time.monotonic() - self._degraded_since
+                    if self._state is State.DEGRADED
+                    else 0.0
+                ),
+                3,
+            ),
             "alarm": self._alarm,
             "spool_corrupt_files": self._spool.corrupt_files_moved,
             "errors": dict(self._errors),
@@ -666,6 +678,11 @@ class LogProducer:
 
     def _set_state(self, new: State, reason: str) -> None:
         old = self._state
+        now = time.monotonic()
+        if old is State.DEGRADED:
+            self._degraded_s += now - self._degraded_since
+        elif new is State.DEGRADED:
+            self._degraded_since = now
         self._state = new
         self._transitions += 1
         level = logging.WARNING if new is State.DEGRADED else logging.INFO
@@ -873,7 +890,9 @@ class LogProducer:
                 policy = self.config.when_full
                 if policy == "drop_oldest":
                     try:
-                        dropped = self._spool.drop_oldest(need - room)
+                        # Rows already handed to Kafka for replay are not dropped: they may
+                        # arrive, and a record counted as dropped must not.
+                        dropped = self._spool.drop_oldest(need - room, self._replay_cursor)
                     except SpoolError as exc:
                         self._disk_alarm(exc)
                         return False

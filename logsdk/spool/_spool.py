@@ -390,13 +390,20 @@ class Spool:
             self.count -= len(idl)
             self.bytes -= freed if freed_bytes is None else freed_bytes
 
-    def drop_oldest(self, need_bytes: int) -> int:
-        """Delete the oldest rows until ``need_bytes`` are free; returns rows dropped."""
+    def drop_oldest(self, need_bytes: int, after_id: int = 0) -> int:
+        """Delete the oldest rows with id > ``after_id`` until ``need_bytes`` are free.
+
+        Rows up to ``after_id`` are being replayed (or are already acknowledged): they
+        are not the policy's to drop. Returns the number of rows dropped.
+        """
         conn = self.conn
         dropped = freed = 0
         try:
             conn.execute("BEGIN")
-            for rid, size in conn.execute("SELECT id, size FROM records ORDER BY id").fetchall():
+            rows = conn.execute(
+                "SELECT id, size FROM records WHERE id > ? ORDER BY id", (after_id,)
+            ).fetchall()
+            for rid, size in rows:
                 if freed >= need_bytes:
                     break
                 conn.execute("DELETE FROM records WHERE id = ?", (rid,))

@@ -1,0 +1,368 @@
+"""A consistent-hash ring with MD5 virtual nodes, weights and rack awareness (seed 004).
+
+Each broker owns ``round(vnodes_per_weight * weight)`` virtual nodes, the MD5 of
+``<name>-v<i>``; a replica's key is the MD5 of ``<topic>-<partition>-<replica>``. A
+replica goes to the owner of the first virtual node at or after its key (binary search
+on the sorted keys); the walk moves on to the next virtual node while that broker
+already holds a replica of the partition, or its rack does and some rack has none.
+
+A plain ring balances replicas only as well as the hashes fall: with 150 replicas per
+broker the spread is about +-10% whatever the number of virtual nodes. So, as in
+"consistent hashing with bounded loads" (Mirrokni, Thorup, Zadimoghaddam 2018), the
+walk also skips a broker that already holds ``ceil(load_factor * fair share)`` of the
+topic's replicas (leaders: of its leaders). The fair share is weight-proportional,
+water-filled so no rack takes more than one replica per partition while RF <= racks
+(racks of unequal size). When every broker the constraints allow is full, the walk takes
+the first one the hard constraints (distinct brokers, distinct racks) allow.
+``load_factor=None`` is the plain ring of the seed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
+
+from logsdk.errors import PlacementError
+from logsdk.placement._model import Broker
+
+#: Virtual nodes per unit of weight. With 12 equal brokers, 3 racks, 600 partitions x
+#: RF 3 the plain ring gives a max/mean of replicas per broker of 1.16 (1.16-1.25 with
+#: 64-1024 vnodes: the replica keys' own hash spread dominates); bounded loads give 1.053.
+DEFAULT_VNODES = 256
+#: Bound on a broker's replicas (and leaders) per topic, as a multiple of its fair share.
+DEFAULT_LOAD_FACTOR = 1.05
+
+K = TypeVar("K", bound=Hashable)
+
+
+def water_fill(weights: Mapping[K, float], caps: Mapping[K, float], total: float) -> dict[K, float]:
+    """Split ``total`` in proportion to ``weights`` with no item above its cap."""
+    share: dict[K, float] = {}
+    free = dict(weights)
+    remaining = total
+    while free:
+        w_sum = sum(free.values())
+        over = [k for k, w in free.items() if remaining * w / w_sum > caps[k]]
+        if not over:
+            share.update({k: remaining * w / w_sum for k, w in free.items()})
+            break
+        for k in over:
+            share[k] = caps[k]
+            remaining -= caps[k]
+            del free[k]
+    return share
+
+
+def fair_shares(
+    brokers: Sequence[Broker], partitions: int, replication_factor: int
+) -> dict[int, float]:
+    """Each broker's fair number of a topic's replicas, given weights and racks."""
+    by_domain: dict[str, list[Broker]] = {}
+    for b in brokers:
+        by_domain.setdefault(b.domain, []).append(b)
+    # While RF <= racks, a rack holds at most one replica of each partition.
+    domain_cap = partitions if replication_factor <= len(by_domain) else math.inf
+    domain_share = water_fill(
+        {d: sum(b.weight for b in bs) for d, bs in by_domain.items()},
+        {d: domain_cap for d in by_domain},
+        partitions * replication_factor,
+    )
+    out: dict[int, float] = {}
+    for d, bs in by_domain.items():
+        out.update(
+            water_fill(
+                {b.id: b.weight for b in bs}, {b.id: partitions for b in bs}, domain_share[d]
+            )
+        )
+    return out
+
+
+def md5_key(text: str) -> int:
+    """The ring position of ``text``: its MD5 digest as a 128-bit integer."""
+    return int.from_bytes(hashlib.md5(text.encode("utf-8"), usedforsecurity=False).digest(), "big")
+
+
+class HashRing:
+    """A consistent-hash ring over ``brokers``; immutable once built."""
+
+    def __init__(self, brokers: Sequence[Broker], vnodes_per_weight: int = DEFAULT_VNODES) -> None:
+        if vnodes_per_weight < 1:
+            raise PlacementError(f"vnodes per weight must be >= 1, got {vnodes_per_weight}")
+        if not brokers:
+            raise PlacementError("a ring needs at least one broker")
+        owners: dict[int, Broker] = {}
+        for b in brokers:
+            if not b.weight > 0:
+                raise PlacementError(f"broker {b.id}: weight must be > 0, got {b.weight}")
+            for i in range(max(1, round(vnodes_per_weight * b.weight))):
+                owners[md5_key(f"{b.name}-v{i}")] = b
+        self._keys = sorted(owners)
+        self._owners = [owners[k] for k in self._keys]
+        self._owner_of = {k: b.id for k, b in owners.items()}
+        self._domain = {b.id: b.domain for b in brokers}
+        self._n_brokers = len(self._domain)
+        self._n_domains = len({b.domain for b in brokers})
+        self.vnodes_per_weight = vnodes_per_weight
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def walk(self, key: str) -> list[Broker]:
+        """Distinct brokers in ring order from ``key``'s position (for inspection)."""
+        start = bisect.bisect_left(self._keys, md5_key(key))
+        out: list[Broker] = []
+        seen: set[int] = set()
+        for i in range(len(self._keys)):
+            b = self._owners[(start + i) % len(self._keys)]
+            if b.id not in seen:
+                seen.add(b.id)
+                out.append(b)
+        return out
+
+    def _check_rf(self, topic: str, replication_factor: int) -> None:
+        if replication_factor > self._n_brokers:
+            raise PlacementError(
+                f"topic {topic!r}: replication factor {replication_factor} is larger than "
+                f"the {self._n_brokers} available brokers"
+            )
+
+    def _pick(
+        self,
+        key: str,
+        chosen: list[int],
+        domains: set[str],
+        full: Callable[[int], bool] | None = None,
+    ) -> Broker:
+        """The first broker from ``key`` that fits; ``full`` brokers only if all fitting are."""
+        n = len(self._keys)
+        start = bisect.bisect_left(self._keys, md5_key(key))
+        fallback: Broker | None = None
+        for i in range(start, start + n):
+            b = self._owners[i % n]
+            if b.id in chosen or (b.domain in domains and len(domains) < self._n_domains):
+                continue
+            if full is None or not full(b.id):
+                return b
+            if fallback is None:
+                fallback = b
+        if fallback is None:  # unreachable while RF <= brokers; kept as a guard
+            raise PlacementError(f"no broker fits replica {key!r}")
+        return fallback
+
+    def place(self, topic: str, partition: int, replication_factor: int) -> list[int]:
+        """Broker ids for one partition's replicas on the plain ring, leader first."""
+        self._check_rf(topic, replication_factor)
+        chosen: list[int] = []
+        domains: set[str] = set()
+        for r in range(replication_factor):
+            b = self._pick(f"{topic}-{partition}-{r}", chosen, domains)
+            chosen.append(b.id)
+            domains.add(b.domain)
+        return chosen
+
+    def _caps(
+        self, partitions: int, replication_factor: int, load_factor: float
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        """Per broker: the most replicas, and the most leaders, of one topic it may take."""
+        if load_factor < 1:
+            raise PlacementError(f"load factor must be >= 1, got {load_factor}")
+        brokers = list({b.id: b for b in self._owners}.values())
+        shares = fair_shares(brokers, partitions, replication_factor)
+        w_sum = sum(b.weight for b in brokers)
+        # The epsilon keeps an exact share (150.0 * 1.0) from rounding up to 151.
+        cap = {bid: math.ceil(load_factor * s - 1e-9) for bid, s in shares.items()}
+        lcap = {
+            b.id: math.ceil(load_factor * partitions * b.weight / w_sum - 1e-9) for b in brokers
+        }
+        return cap, lcap
+
+    def assign(
+        self,
+        topic: str,
+        partitions: int,
+        replication_factor: int,
+        load_factor: float | None = DEFAULT_LOAD_FACTOR,
+    ) -> dict[int, list[int]]:
+        """``{partition: [broker ids]}`` for one topic; a plain ring if ``load_factor`` is None."""
+        self._check_rf(topic, replication_factor)
+        if load_factor is None:
+            return {p: self.place(topic, p, replication_factor) for p in range(partitions)}
+        empty: dict[int, list[int | None]] = {
+            p: [None] * replication_factor for p in range(partitions)
+        }
+        return self._fill(topic, empty, *self._caps(partitions, replication_factor, load_factor))
+
+    def _fill(
+        self,
+        topic: str,
+        slots: dict[int, list[int | None]],
+        cap: Mapping[int, int],
+        lcap: Mapping[int, int],
+    ) -> dict[int, list[int]]:
+        """Fill the empty (None) slots by bounded-load walks; filled slots count as load."""
+        load: Counter[int] = Counter(b for reps in slots.values() for b in reps if b is not None)
+        leaders: Counter[int] = Counter(reps[0] for reps in slots.values() if reps[0] is not None)
+        rf = max((len(reps) for reps in slots.values()), default=0)
+        # Replica rank by rank: every leader first, so leaders move least when loads shift.
+        for r in range(rf):
+            for p, reps in slots.items():
+                if r >= len(reps) or reps[r] is not None:
+                    continue
+                others = [b for b in reps if b is not None]
+                domains = {self._domain[b] for b in others}
+                if r == 0:
+                    b = self._pick(
+                        f"{topic}-{p}-0",
+                        others,
+                        domains,
+                        lambda bid: load[bid] >= cap[bid] or leaders[bid] >= lcap[bid],
+                    )
+                    leaders[b.id] += 1
+                else:
+                    b = self._pick(
+                        f"{topic}-{p}-{r}", others, domains, lambda bid: load[bid] >= cap[bid]
+                    )
+                load[b.id] += 1
+                reps[r] = b.id
+        return {p: [b for b in reps if b is not None] for p, reps in slots.items()}
+
+    def rebalance(
+        self,
+        topic: str,
+        partitions: int,
+        replication_factor: int,
+        current: Mapping[int, Sequence[int]],
+        previous: HashRing | None = None,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
+    ) -> dict[int, list[int]]:
+        """Move only what the ring says must move, starting from ``current``.
+
+        A replica stays unless its broker left the ring, it repeats a broker, its
+        partition could not otherwise span min(RF, racks) racks, or the walk from its
+        key meets a virtual node that ``previous`` (the ring ``current`` was planned on)
+        lacks before it meets its broker, and that new node's broker may take it. A
+        broker that gained nodes then takes replicas nearest its nodes up to its fair
+        share (:meth:`_top_up`). Empty slots (departed brokers, new partitions, a
+        larger RF) are then filled by bounded-load walks. ``previous=None`` counts
+        every node as new.
+        """
+        self._check_rf(topic, replication_factor)
+        cap, lcap = self._caps(partitions, replication_factor, load_factor)
+        gained = set(self._keys) - (set(previous._keys) if previous is not None else set())
+        slots: dict[int, list[int | None]] = {}
+        need = min(replication_factor, self._n_domains)
+        for p in range(partitions):
+            reps: list[int | None] = []
+            for b in list(current.get(p, ()))[:replication_factor]:
+                reps.append(b if b in self._domain and b not in reps else None)
+            reps += [None] * (replication_factor - len(reps))
+            # Evict a same-rack replica only when filling the empty slots with fresh
+            # racks could not reach the rack spread the partition can have.
+            while True:
+                kept = [b for b in reps if b is not None]
+                if len({self._domain[b] for b in kept}) + reps.count(None) >= need:
+                    break
+                seen: set[str] = set()
+                victim = 0
+                for i, x in enumerate(reps):
+                    if x is not None:
+                        if self._domain[x] in seen:
+                            victim = i
+                        seen.add(self._domain[x])
+                reps[victim] = None
+            slots[p] = reps
+        load: Counter[int] = Counter(b for reps in slots.values() for b in reps if b is not None)
+        n = len(self._keys)
+        for r in range(replication_factor):
+            for p, reps in slots.items():
+                here = reps[r]
+                if here is None or not gained:
+                    continue
+                others = [b for i, b in enumerate(reps) if b is not None and i != r]
+                domains = {self._domain[b] for b in others}
+                start = bisect.bisect_left(self._keys, md5_key(f"{topic}-{p}-{r}"))
+                for i in range(start, start + n):
+                    node = self._owners[i % n]
+                    if node.id == here:
+                        break
+                    if (
+                        self._keys[i % n] in gained
+                        and node.id not in others
+                        and (node.domain not in domains or len(domains) >= self._n_domains)
+                        and load[node.id] < cap[node.id]
+                    ):
+                        load[here] -= 1
+                        load[node.id] += 1
+                        reps[r] = node.id
+                        break
+        if gained:
+            self._top_up(topic, slots, load, {self._owner_of[k] for k in gained}, cap)
+        return self._fill(topic, slots, cap, lcap)
+
+    def _top_up(
+        self,
+        topic: str,
+        slots: dict[int, list[int | None]],
+        load: Counter[int],
+        gainers: set[int],
+        cap: Mapping[int, int],
+    ) -> None:
+        """Give each gaining broker its fair share, taking the replicas nearest its nodes.
+
+        Rack rules let a new broker take fewer keys than its arcs cover (a key whose
+        partition already has a replica in its rack walks on), so it then takes, in
+        order of ring distance from their keys to its nearest virtual node, replicas
+        from brokers holding more than their fair share, where the rules allow.
+        """
+        partitions = len(slots)
+        rf = max((len(r) for r in slots.values()), default=0)
+        brokers = list({b.id: b for b in self._owners}.values())
+        share = fair_shares(brokers, partitions, rf)
+        space = 1 << 128
+        for g in sorted(gainers):
+            want = min(math.floor(share[g]), cap[g])
+            if load[g] >= want:
+                continue
+            g_keys = [k for k, o in zip(self._keys, self._owners, strict=True) if o.id == g]
+            g_domain = self._domain[g]
+            candidates: list[tuple[int, int, int]] = []
+            for p, reps in slots.items():
+                if g in reps:
+                    continue
+                for r, x in enumerate(reps):
+                    if x is None or load[x] <= share[x]:
+                        continue
+                    h = md5_key(f"{topic}-{p}-{r}")
+                    i = bisect.bisect_left(g_keys, h)
+                    candidates.append(((g_keys[i % len(g_keys)] - h) % space, p, r))
+            for _, p, r in sorted(candidates):
+                if load[g] >= want:
+                    break
+                reps = slots[p]
+                x = reps[r]
+                if x is None or g in reps or load[x] <= share[x]:
+                    continue
+                others = {self._domain[b] for i, b in enumerate(reps) if b is not None and i != r}
+                if g_domain in others and len(others) < self._n_domains:
+                    continue
+                reps[r] = g
+                load[x] -= 1
+                load[g] += 1
+
+
+def ring_assignment(
+    brokers: Sequence[Broker],
+    topic: str,
+    partitions: int,
+    replication_factor: int,
+    vnodes_per_weight: int = DEFAULT_VNODES,
+    load_factor: float | None = DEFAULT_LOAD_FACTOR,
+) -> dict[int, list[int]]:
+    """``{partition: [broker ids]}`` for one topic on a ring over ``brokers``."""
+    return HashRing(brokers, vnodes_per_weight).assign(
+        topic, partitions, replication_factor, load_factor
+    )

@@ -1,0 +1,528 @@
+"""A Jepsen-style chaos run: a workload, a nemesis and a checker.
+
+``python -m logsdk.testing.chaos --duration 300 --seed N [--json]``
+
+- Workload: several producer processes (LogProducer, memory and shared-memory
+  buffers where available) send JSON log records to one topic; a consumer group of
+  LogConsumer processes stores them exactly-once in one SQLite file (SQLiteSink with
+  dedupe on the logsdk headers).
+- Nemesis, on a schedule drawn from ``--seed``: SIGKILL + restart of the (durable)
+  broker, SIGSTOP/SIGCONT of the broker, a network cut through the proxy, SIGKILL +
+  restart of a producer (only ones whose buffer survives it: ``shm``) and of a
+  consumer, and a long cut that fills one producer's small spool to its cap.
+- Checker: every record a producer's ``send()`` accepted (reported by the producer
+  as it goes, so a SIGKILL loses no bookkeeping) must be in the sink exactly once,
+  except those its own counters say the overflow policy dropped.
+
+The last line with ``--json`` is one JSON object: accepted, in_sink, missing,
+duplicates, dropped, max_latency_s, degraded_s, events, verdict. Exit status 1 on
+any loss or duplicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("logsdk.chaos")
+
+TOPIC = "chaos"
+PARTITIONS = 4
+RATE = 800  # records/s per producer
+SMALL_SPOOL = 150_000  # bytes: the producer whose spool the nemesis fills
+FAST: dict[str, Any] = {
+    "stall_timeout_s": 3.0,
+    "probe_interval_s": 0.2,
+    "probe_timeout_s": 1.0,
+    "probe_backoff_max_s": 0.5,
+    "kafka_config": {"reconnect.backoff.max.ms": 200},
+}
+
+
+# -- child processes -------------------------------------------------------------------------
+
+
+def _producer_child(args: argparse.Namespace) -> int:
+    """Send records until ``stop`` exists; append progress lines to ``report``."""
+    from logsdk import LogProducer
+
+    kw: dict[str, Any] = dict(FAST)
+    if args.spool_max_bytes:
+        kw["spool_max_bytes"] = args.spool_max_bytes
+        kw["when_full"] = "drop_oldest"
+    if args.buffer == "shm":
+        kw["buffer"] = "shm"
+    p = LogProducer(args.bootstrap, TOPIC, args.spool, **kw)
+    stop = Path(args.stop)
+    report = open(args.report, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    start_seq = p.stats().get("next_seq")
+    accepted = 0
+    interval = 1.0 / RATE
+    next_t = time.monotonic()
+    name = Path(args.spool).name
+    while not stop.exists():
+        for _ in range(20):
+            doc = {"producer": name, "n": accepted, "level": "INFO", "message": "chaos"}
+            p.send(doc, key=str(accepted % 16))
+            accepted += 1
+        # Written after send() returned: the checker never expects a record not accepted.
+        s = p.stats()
+        report.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "producer_id": s["producer_id"],
+                    "start_seq": start_seq,
+                    "accepted": accepted,
+                    "dropped": s["dropped"],
+                    "degraded_s": s.get("degraded_s", 0.0),
+                    "final": False,
+                }
+            )
+            + "\n"
+        )
+        next_t += 20 * interval
+        delay = next_t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    p.close(timeout=60)
+    s = p.stats()
+    report.write(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "producer_id": s["producer_id"],
+                "start_seq": start_seq,
+                "accepted": accepted,
+                "dropped": s["dropped"],
+                "degraded_s": s.get("degraded_s", 0.0),
+                "final": True,
+                "lost_on_close": s["errors"].get("lost_on_close", 0),
+            }
+        )
+        + "\n"
+    )
+    report.close()
+    return 0
+
+
+def _consumer_child(args: argparse.Namespace) -> int:
+    """Consume exactly-once into the shared SQLite sink until SIGTERM."""
+    from logsdk import LogConsumer, Record
+    from logsdk.sinks import SQLiteSink
+
+    lat_path = Path(args.latency)
+
+    class TimedSink(SQLiteSink):
+        """SQLiteSink that also records the worst send-to-store latency it saw."""
+
+        worst = 0.0
+
+        def process(self, records: Any) -> None:
+            now = time.time() * 1000
+            batch: list[Record] = list(records)
+            worst = max(((now - (r.timestamp or now)) / 1000 for r in batch), default=0.0)
+            if worst > TimedSink.worst:
+                TimedSink.worst = worst
+                lat_path.write_text(f"{worst:.3f}")
+            super().process(batch)
+
+    c = LogConsumer(
+        args.bootstrap,
+        "chaos",
+        [TOPIC],
+        TimedSink(args.db, dedupe=True),
+        semantics="exactly_once",
+        workers=2,
+        kafka_config={"session.timeout.ms": 2000, "heartbeat.interval.ms": 300},
+    )
+    c.run()
+    return 0
+
+
+# -- orchestration ---------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    """A child process the nemesis may kill and restart."""
+
+    name: str
+    cmd: list[str]
+    killable: bool
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    def start(self, log_dir: Path) -> None:
+        out = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - handed to the child
+        self.popen = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+
+@dataclass
+class Run:
+    """Everything one chaos run creates and counts."""
+
+    seed: int
+    duration: float
+    work: Path
+    producers: list[Proc] = field(default_factory=list)
+    consumers: list[Proc] = field(default_factory=list)
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+
+def _shm_available() -> bool:
+    """True when this build has the shared-memory buffer (``buffer="shm"``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("logsdk.shm") is not None
+
+
+def _nemesis(run: Run, broker: Any, stop: threading.Event) -> None:
+    rng = random.Random(run.seed)
+    t0 = time.monotonic()
+    kinds = ["broker_kill", "broker_pause", "net_cut", "consumer_kill", "spool_fill"]
+    if any(p.killable for p in run.producers):
+        kinds.append("producer_kill")
+    while not stop.wait(rng.uniform(3.0, 7.0)):
+        if time.monotonic() - t0 > run.duration - 8:
+            break  # leave the end of the run quiet, so every fault is healed in it
+        kind = rng.choice(kinds)
+        at = round(time.monotonic() - t0, 1)
+        run.events.append((at, kind))
+        log.warning("nemesis at %.1fs: %s", at, kind)
+        if kind == "broker_kill":
+            broker.kill()
+            stop.wait(rng.uniform(1.0, 3.0))
+            broker.restart()
+        elif kind == "broker_pause":
+            broker.pause()
+            stop.wait(rng.uniform(2.0, 5.0))
+            broker.resume()
+        elif kind == "net_cut":
+            broker.cut()
+            stop.wait(rng.uniform(2.0, 6.0))
+            broker.heal()
+        elif kind == "spool_fill":
+            broker.cut()  # long enough for the small spool to reach its cap
+            stop.wait(4.0)
+            broker.heal()
+        elif kind == "producer_kill":
+            victim = rng.choice([p for p in run.producers if p.killable])
+            victim.kill()
+            victim.restarts += 1
+            victim.start(run.work)
+        elif kind == "consumer_kill":
+            victim = rng.choice(run.consumers)
+            victim.kill()
+            stop.wait(rng.uniform(0.5, 2.0))
+            victim.restarts += 1
+            victim.start(run.work)
+
+
+def _expected(
+    reports: list[Path],
+) -> tuple[dict[str, set[int]], dict[str, int], float, dict[str, int]]:
+    """From the producers' reports, per producer id: expected seqs, dropped by policy,
+    lost on close; and the total time spent degraded."""
+    expected: dict[str, set[int]] = {}
+    dropped: dict[str, int] = {}
+    lost_on_close: dict[str, int] = {}
+    degraded = 0.0
+    for path in reports:
+        lifetimes: dict[int, dict[str, Any]] = {}
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line torn by SIGKILL
+            lifetimes[rec["pid"]] = rec
+        for rec in lifetimes.values():
+            pid = rec["producer_id"]
+            expected.setdefault(pid, set()).update(
+                range(rec["start_seq"], rec["start_seq"] + rec["accepted"])
+            )
+            dropped[pid] = dropped.get(pid, 0) + rec["dropped"]
+            lost_on_close[pid] = lost_on_close.get(pid, 0) + rec.get("lost_on_close", 0)
+            degraded += rec["degraded_s"]
+    return expected, dropped, degraded, lost_on_close
+
+
+def _sink(db: Path) -> tuple[dict[str, set[int]], int]:
+    conn = sqlite3.connect(db, timeout=60)
+    try:
+        rows = conn.execute("SELECT producer, seq FROM records").fetchall()
+    finally:
+        conn.close()
+    found: dict[str, set[int]] = {}
+    for producer, seq in rows:
+        found.setdefault(str(producer), set()).add(int(seq))
+    return found, len(rows)
+
+
+def _sink_count(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(db, timeout=30)
+        try:
+            return int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:
+        return 0
+
+
+def chaos(seed: int, duration: float, producers: int = 3, consumers: int = 2) -> dict[str, Any]:
+    """Run the workload under the nemesis for ``duration`` seconds; return the verdict."""
+    from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
+
+    work = Path(tempfile.mkdtemp(prefix=f"logsdk-chaos-{seed}-"))
+    run = Run(seed=seed, duration=duration, work=work)
+    shm = _shm_available()
+    stopfile = work / "stop"
+    db = work / "sink.db"
+    me = [sys.executable, "-m", "logsdk.testing.chaos"]
+    t_start = time.monotonic()
+    with EmbeddedBroker(durable=True, proxy=True) as broker:
+        create_topic(broker.bootstrap_servers, TOPIC, PARTITIONS)
+        for i in range(producers):
+            # p0: memory buffer with a small spool (the one the nemesis fills);
+            # the others: shm when available (they survive a SIGKILL), else memory.
+            small = i == 0
+            buffer = "shm" if (shm and not small) else "memory"
+            cmd = [
+                *me,
+                "_producer",
+                broker.bootstrap_servers,
+                str(work / f"p{i}"),
+                str(work / f"p{i}.jsonl"),
+                str(stopfile),
+                "--buffer",
+                buffer,
+            ]
+            if small:
+                cmd += ["--spool-max-bytes", str(SMALL_SPOOL)]
+            run.producers.append(Proc(f"p{i}", cmd, killable=buffer == "shm"))
+        for i in range(consumers):
+            cmd = [
+                *me,
+                "_consumer",
+                broker.bootstrap_servers,
+                str(db),
+                str(work / f"c{i}.latency"),
+            ]
+            run.consumers.append(Proc(f"c{i}", cmd, killable=True))
+        for proc in [*run.producers, *run.consumers]:
+            proc.start(work)
+        stop = threading.Event()
+        nemesis = threading.Thread(target=_nemesis, args=(run, broker, stop), daemon=True)
+        nemesis.start()
+        stop.wait(duration)
+        stop.set()
+        nemesis.join(30)
+        # Heal everything, let producers close (they flush and spool what is left).
+        with contextlib.suppress(Exception):
+            broker.resume()
+        with contextlib.suppress(Exception):
+            broker.heal()
+        if not broker.is_running():
+            broker.restart()
+        stopfile.touch()
+        for p in run.producers:
+            assert p.popen is not None
+            try:
+                p.popen.wait(120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        # Producers closed with Kafka up, so their spools are drained; any left (a close
+        # that timed out) is delivered by a fresh producer on the same spool dir.
+        _drain_leftover_spools(run, broker.bootstrap_servers)
+        expected, dropped, degraded, lost_on_close = _expected(
+            [work / f"p{i}.jsonl" for i in range(producers)]
+        )
+        total = sum(len(v) for v in expected.values())
+        all_dropped = sum(dropped.values())
+        deadline = time.monotonic() + 120
+        last, still = -1, 0
+        while time.monotonic() < deadline:
+            n = _sink_count(db)
+            if n >= total - all_dropped and n == last:
+                still += 1
+                if still >= 10:
+                    break
+            else:
+                still = 0
+            last = n
+            time.sleep(0.3)
+        for c in run.consumers:
+            if c.popen is not None and c.popen.poll() is None:
+                c.popen.send_signal(signal.SIGTERM)
+        for c in run.consumers:
+            if c.popen is not None:
+                try:
+                    c.popen.wait(60)
+                except subprocess.TimeoutExpired:
+                    c.kill()
+        wire = check_delivery(read_topic(broker.bootstrap_servers, TOPIC, timeout=180))
+    found, rows = _sink(db)
+    in_sink = sum(len(v) for v in found.values())
+    missing_by = {pid: len(expected[pid] - found.get(pid, set())) for pid in expected}
+    missing = sum(missing_by.values())
+    latency = 0.0
+    for c in run.consumers:
+        with contextlib.suppress(OSError, ValueError):
+            latency = max(latency, float((work / f"{c.name}.latency").read_text()))
+    duplicates = rows - in_sink
+    # Per producer: a record its overflow policy dropped may still have reached Kafka (an
+    # in-flight send that was purged, spooled, then dropped), so drops can explain at
+    # most themselves, and only for the producer that counted them.
+    unexplained = sum(
+        max(0, n - dropped.get(pid, 0) - lost_on_close.get(pid, 0)) for pid, n in missing_by.items()
+    )
+    ok = unexplained == 0 and duplicates == 0 and wire.order_violations == 0
+    return {
+        "seed": seed,
+        "duration_s": duration,
+        "wall_s": round(time.monotonic() - t_start, 1),
+        "accepted": total,
+        "in_sink": in_sink,
+        "missing": unexplained,
+        "missing_raw": missing,
+        "duplicates": duplicates,
+        "dropped": all_dropped,
+        "lost_on_close": sum(lost_on_close.values()),
+        "wire_duplicates": wire.duplicates,
+        "order_violations": wire.order_violations,
+        "max_latency_s": round(latency, 3),
+        "degraded_s": round(degraded, 1),
+        "shm": shm,
+        "events": [f"{t}s {k}" for t, k in run.events],
+        "producer_restarts": sum(p.restarts for p in run.producers),
+        "consumer_restarts": sum(c.restarts for c in run.consumers),
+        "verdict": "ok" if ok else "FAIL",
+        "work_dir": str(work),
+    }
+
+
+def _drain_leftover_spools(run: Run, bootstrap: str) -> None:
+    from logsdk import LogProducer
+
+    for p in run.producers:
+        spool = Path(p.cmd[p.cmd.index("_producer") + 2])
+        db = spool / "spool.db"
+        if not db.exists():
+            continue
+        conn = sqlite3.connect(db)
+        try:
+            left = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+        finally:
+            conn.close()
+        if not left:
+            continue
+        log.warning("%s left %d records in its spool; draining them", p.name, left)
+        with LogProducer(bootstrap, TOPIC, spool, **FAST) as prod:
+            deadline = time.monotonic() + 120
+            while prod.stats()["spool_records"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m logsdk.testing.chaos",
+        description="Producers, a consumer group and a nemesis; then count every record.",
+        epilog="example: python -m logsdk.testing.chaos --duration 300 --seed 7 --json",
+    )
+    sub = ap.add_subparsers(dest="role")
+    pp = sub.add_parser("_producer")
+    for a in ("bootstrap", "spool", "report", "stop"):
+        pp.add_argument(a)
+    pp.add_argument("--buffer", default="memory")
+    pp.add_argument("--spool-max-bytes", type=int, default=0)
+    cp = sub.add_parser("_consumer")
+    for a in ("bootstrap", "db", "latency"):
+        cp.add_argument(a)
+    ap.add_argument("--duration", type=float, default=300.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--producers", type=int, default=3)
+    ap.add_argument("--consumers", type=int, default=2)
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    ap.add_argument("--results", help="merge chaos.* figures into this results.json")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("logsdk.librdkafka").setLevel(logging.CRITICAL)
+    if args.role == "_producer":
+        return _producer_child(args)
+    if args.role == "_consumer":
+        return _consumer_child(args)
+    if args.duration < 20:
+        ap.error("--duration must be at least 20 seconds")
+    verdict = chaos(args.seed, args.duration, args.producers, args.consumers)
+    for k in ("accepted", "in_sink", "missing", "duplicates", "dropped", "max_latency_s"):
+        print(f"{k:16} {verdict[k]}")
+    print(f"{'degraded_s':16} {verdict['degraded_s']}")
+    print(f"{'events':16} {len(verdict['events'])}: {', '.join(verdict['events'])}")
+    print(f"verdict          {verdict['verdict']}")
+    if args.results:
+        _merge_results(Path(args.results), verdict)
+    if args.json:
+        print(json.dumps(verdict))
+    return 0 if verdict["verdict"] == "ok" else 1
+
+
+def _merge_results(path: Path, v: dict[str, Any]) -> None:
+    """Write chaos.* figures for this seed into a results.json (other figures kept)."""
+    data: dict[str, Any] = {"results": []}
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text())
+    params = {"seed": v["seed"], "duration_s": v["duration_s"], "shm": v["shm"]}
+    mine = [
+        {
+            "name": f"chaos.{k}",
+            "unit": u,
+            "value": v[k],
+            "baseline": None,
+            "baseline_value": None,
+            "ratio": None,
+            "goal": g,
+            "params": params,
+        }
+        for k, u, g in (
+            ("missing", "records", 0),
+            ("duplicates", "records", 0),
+            ("accepted", "records", None),
+            ("dropped", "records", None),
+            ("max_latency_s", "s", None),
+            ("degraded_s", "s", None),
+        )
+    ]
+    keep = [
+        r
+        for r in data.get("results", [])
+        if not (r["name"].startswith("chaos.") and r.get("params", {}).get("seed") == v["seed"])
+    ]
+    data["results"] = keep + mine
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""``logsdk placement`` run as a subprocess: output, files and the 0/1/2 exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from logsdk.placement import Broker, Cluster, Topic, make_brokers, plan, reassignment_json
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "logsdk.cli", "placement", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def test_plan_json_is_kafka_reassignment_format() -> None:
+    """plan --json prints the reassignment JSON, one entry per partition."""
+    out = run("plan", "--brokers", "6", "--racks", "a,b,c", "--topics", "logs:12:3", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["version"] == 1
+    assert len(doc["partitions"]) == 12
+    assert all(len(set(p["replicas"])) == 3 for p in doc["partitions"])
+
+
+def test_plan_kafka_matches_library() -> None:
+    """plan --strategy kafka gives the same replicas as plan() with the same seed."""
+    out = run("plan", "--brokers", "5", "--topics", "t:10:3", "--strategy", "kafka", "--json")
+    expected = plan(Cluster(make_brokers(range(5)), (Topic("t", 10, 3),)), "kafka", seed="0")
+    assert json.loads(out.stdout) == reassignment_json(expected)
+
+
+def test_plan_with_current_shows_moves(tmp_path: Path) -> None:
+    """plan --current on a cluster with one more broker prints the diff and the moved share."""
+    twelve = Cluster(make_brokers(range(12), ["a", "b", "c"]), (Topic("logs", 60, 3),))
+    now = tmp_path / "now.json"
+    now.write_text(json.dumps(reassignment_json(plan(twelve, "ring"))))
+    cluster = twelve.with_brokers((*twelve.brokers, Broker(12, "a")))
+    cfile = tmp_path / "cluster.json"
+    cfile.write_text(json.dumps(cluster.to_dict()))
+    out = run(
+        "plan", "--cluster", str(cfile), "--current", str(now), "--output", "p.json", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert "moved:" in out.stdout
+    assert "+12" in out.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["partitions"]
+
+
+def test_diff_between_files(tmp_path: Path) -> None:
+    """diff --current A --proposed B lists the changed partition and a summary."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(reassignment_json({"t": {0: [1, 2], 1: [2, 3]}})))
+    b.write_text(json.dumps(reassignment_json({"t": {0: [1, 2], 1: [3, 4]}})))
+    out = run("diff", "--current", str(a), "--proposed", str(b))
+    assert out.returncode == 0, out.stderr
+    assert "t-1: [2, 3] -> [3, 4]  +4 -2 leader 2 -> 3" in out.stdout
+
+
+def test_describe_cluster_file(tmp_path: Path) -> None:
+    """describe --json reports the metrics of the cluster file's current assignment."""
+    cluster = Cluster(
+        (Broker(0, "a"), Broker(1, "a")), (Topic("t", 2, 2),), {"t": {0: [0, 1], 1: [1, 0]}}
+    )
+    cfile = tmp_path / "c.json"
+    cfile.write_text(json.dumps(cluster.to_dict()))
+    out = run("describe", "--cluster", str(cfile), "--json")
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)["metrics"]
+    assert m["replicas"] == {"0": 2, "1": 2}
+    assert m["rack_violations"] == 0
+
+
+def test_bad_input_exits_1_without_traceback() -> None:
+    """RF above the brokers exits 1 with one error line naming the topic, no traceback."""
+    out = run("plan", "--brokers", "2", "--topics", "logs:3:3")
+    assert out.returncode == 1
+    assert "topic 'logs': replication factor 3" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_usage_exits_2() -> None:
+    """A malformed --topics spec is a usage error (exit 2) that shows the expected form."""
+    out = run("plan", "--brokers", "3", "--topics", "logs:three:1")
+    assert out.returncode == 2
+    assert "NAME:PARTITIONS:RF" in out.stderr

@@ -1,0 +1,114 @@
+"""The consistent-hash ring (seed 004): the bounds asserted in issue 7, and incremental moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from logsdk.placement import (
+    Broker,
+    Cluster,
+    HashRing,
+    Topic,
+    make_brokers,
+    metrics,
+    plan,
+)
+
+RACKS = ["a", "b", "c"]
+TWELVE = Cluster(make_brokers(range(12), RACKS), (Topic("logs", 600, 3),))
+THIRTEEN = TWELVE.with_brokers((*TWELVE.brokers, Broker(12, rack="a")))
+
+
+def test_ring_balance_twelve_brokers() -> None:
+    """12 equal brokers, 3 racks, 600 x RF 3: max/mean replicas per broker <= 1.15."""
+    m = metrics(plan(TWELVE, "ring"), TWELVE.brokers)
+    assert m.total_replicas == 1800
+    assert m.max_mean <= 1.15
+
+
+def test_ring_rack_violations_zero() -> None:
+    """With racks >= RF the ring places every partition on distinct racks."""
+    assert metrics(plan(TWELVE, "ring"), TWELVE.brokers).rack_violations == 0
+
+
+def test_adding_a_broker_moves_little_with_ring() -> None:
+    """Adding a 13th broker moves at most 1.3/13 of the replicas with the ring."""
+    before = plan(TWELVE, "ring")
+    after = plan(THIRTEEN, "ring", current=before)
+    m = metrics(after, THIRTEEN.brokers, previous=before)
+    assert m.moved is not None
+    assert m.moved_fraction is not None
+    assert m.moved_fraction <= 1.3 / 13
+    assert m.replicas[12] > 0
+    assert m.rack_violations == 0
+
+
+def test_adding_a_broker_moves_much_with_kafka() -> None:
+    """Kafka's algorithm re-run on 13 brokers moves far more than 1.3/13 (for the report)."""
+    before = plan(TWELVE, "kafka")
+    after = plan(THIRTEEN, "kafka", current=before)
+    moved = metrics(after, THIRTEEN.brokers, previous=before).moved_fraction
+    assert moved is not None
+    assert moved > 1.3 / 13
+
+
+def test_new_broker_takes_its_fair_share() -> None:
+    """The added broker ends within 15% of its fair share (600 rack-a replicas / 5 brokers)."""
+    after = plan(THIRTEEN, "ring", current=plan(TWELVE, "ring"))
+    assert metrics(after, THIRTEEN.brokers).replicas[12] == pytest.approx(120, rel=0.15)
+
+
+def test_weight_two_gets_twice_the_replicas() -> None:
+    """Without racks, a weight-2 broker gets 2x (+-15%) the mean of the weight-1 brokers."""
+    brokers = (*make_brokers(range(11)), Broker(11, weight=2.0))
+    cluster = Cluster(brokers, (Topic("logs", 600, 3),))
+    counts = metrics(plan(cluster, "ring"), brokers).replicas
+    others = sum(counts[i] for i in range(11)) / 11
+    assert counts[11] / others == pytest.approx(2.0, rel=0.15)
+
+
+def test_weight_two_with_racks_of_equal_weight() -> None:
+    """With 3 racks each holding one weight-2 broker, those get 2x (+-15%) the others."""
+    brokers = tuple(Broker(i, rack=RACKS[i % 3], weight=2.0 if i < 3 else 1.0) for i in range(12))
+    cluster = Cluster(brokers, (Topic("logs", 600, 3),))
+    counts = metrics(plan(cluster, "ring"), brokers).replicas
+    heavy = sum(counts[i] for i in range(3)) / 3
+    light = sum(counts[i] for i in range(3, 12)) / 9
+    assert heavy / light == pytest.approx(2.0, rel=0.15)
+
+
+def test_vnodes_follow_weight() -> None:
+    """A broker of weight 2 owns twice the virtual nodes of a weight-1 broker."""
+    ring = HashRing([Broker(0), Broker(1, weight=2.0)], vnodes_per_weight=10)
+    assert len(ring) == 30
+
+
+def test_rebalance_on_same_brokers_moves_nothing() -> None:
+    """Planning again on the same brokers from the ring's own plan moves no replica."""
+    before = plan(TWELVE, "ring")
+    assert plan(TWELVE, "ring", current=before) == before
+
+
+def test_removing_a_broker_moves_only_its_replicas() -> None:
+    """Removing broker 5 moves exactly the replicas it held, nothing else."""
+    before = plan(TWELVE, "ring")
+    held = sum(5 in reps for reps in before["logs"].values())
+    smaller = TWELVE.with_brokers(b for b in TWELVE.brokers if b.id != 5)
+    after = plan(smaller, "ring", current=before)
+    m = metrics(after, smaller.brokers, previous=before)
+    assert m.moved == held
+    assert m.rack_violations == 0
+
+
+def test_plain_ring_is_the_seed_algorithm() -> None:
+    """load_factor=None places each replica on the first fitting broker from its key."""
+    ring = HashRing(TWELVE.brokers)
+    out = plan(TWELVE, "ring", load_factor=None)
+    assert out["logs"][7] == ring.place("logs", 7, 3)
+    first = ring.walk("logs-7-0")[0].id
+    assert out["logs"][7][0] == first
+
+
+def test_ring_is_deterministic() -> None:
+    """The same cluster always gives the same ring plan."""
+    assert plan(TWELVE, "ring") == plan(TWELVE, "ring")
