@@ -6,14 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from logsdk.testing._settings import FAST_RECOVERY
+
 #: Producer settings that make fault tests quick: probes and stalls on a short leash.
-FAST: dict[str, Any] = {
-    "stall_timeout_s": 3.0,
-    "probe_interval_s": 0.2,
-    "probe_timeout_s": 1.0,
-    "probe_backoff_max_s": 0.5,
-    "kafka_config": {"reconnect.backoff.max.ms": 200},
-}
+FAST: dict[str, Any] = FAST_RECOVERY
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:

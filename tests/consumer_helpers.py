@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from confluent_kafka import Producer
 
 from logsdk._types import ClientConfig
+from tests.conftest import wait_until
+
+__all__ = ["produce", "wait_until"]
 
 
 def produce(
@@ -41,12 +43,3 @@ def produce(
         assert left == 0, f"{left} records not delivered"
     finally:
         del p
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:
-    """Poll ``cond`` until it holds; fail the test with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)

@@ -42,6 +42,12 @@ def is_record_error(err: KafkaError) -> bool:
     return bool(err.code() in _RECORD_ERRORS)
 
 
+def is_record_exception(exc: KafkaException) -> bool:
+    """True when produce() refused the record itself (too large, invalid), not the client."""
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and is_record_error(err)
+
+
 def is_cluster_down(err: KafkaError) -> bool:
     """True for 'all brokers down' style errors."""
     return bool(err.code() in _CLUSTER_DOWN)

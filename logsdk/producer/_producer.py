@@ -338,9 +338,16 @@ class LogProducer:
                 except BufferError:
                     self._direct = False  # librdkafka's queue is full: queue behind it
                 except KafkaException as exc:
+                    if _client.is_record_exception(exc):
+                        self._n_rejected += 1
+                        self._errors["record_rejected"] += 1
+                        self._release(rec)  # refused: not in custody
+                        raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
+                    # The client is unusable (fatal, ...): the record is not its fault.
+                    # Accept it behind the client and let the pump replace the client.
+                    self._direct = False
                     self._errors["produce_error"] += 1
-                    self._release(rec)  # refused: not in custody
-                    raise _translate_produce_error(exc) from exc
+                    self._request_degrade(f"produce failed: {exc}")
                 else:
                     self._seq_next = seq + 1
                     self._n_sent += 1
@@ -620,20 +627,23 @@ class LogProducer:
     # -- pump thread ------------------------------------------------------------------------
 
     def _pump_loop(self) -> None:
-        try:
-            while not self._stop.is_set():
+        while not self._stop.is_set():
+            try:
                 busy = self._step()
-                with self._done:
-                    self._done.notify_all()
-                if not busy:
-                    client = self._client
-                    if client is not None:
-                        client.poll(0.01)
-                    else:
-                        self._wake.wait(0.01)
-                    self._wake.clear()
-        except Exception:  # pragma: no cover - a bug; keep the records, say so loudly
-            log.exception("logsdk pump thread crashed; records stay buffered until close()")
+            except Exception:  # a bug: say so loudly, keep the records, keep pumping
+                self._errors["pump"] += 1
+                log.exception("logsdk pump step failed; retrying (records stay buffered)")
+                self._stop.wait(0.5)
+                continue
+            with self._done:
+                self._done.notify_all()
+            if not busy:
+                client = self._client
+                if client is not None:
+                    client.poll(0.01)
+                else:
+                    self._wake.wait(0.01)
+                self._wake.clear()
 
     def _step(self) -> bool:
         """One round of work; True when there may be more to do right away."""
@@ -794,8 +804,12 @@ class LogProducer:
                 break
             except KafkaException as exc:
                 self._errors["produce_error"] += 1
-                self._reject_ids.append((rid, str(exc)))
-                continue
+                if _client.is_record_exception(exc):
+                    self._reject_ids.append((rid, str(exc)))
+                    self._replay_cursor = rid
+                    continue
+                self._request_degrade(f"replay produce failed: {exc}")
+                break
             self._replay_inflight[rid] = size
             self._replay_cursor = rid
             sent += 1
@@ -840,6 +854,9 @@ class LogProducer:
             return False
         except KafkaException as exc:
             self._errors["produce_error"] += 1
+            if not _client.is_record_exception(exc):
+                self._request_degrade(f"produce failed: {exc}")
+                return False  # kept in the backlog; the degrade spools it
             self._n_rejected += 1
             self._rejects.append((_row(rec), str(exc)))
             return True
@@ -1049,13 +1066,6 @@ class LogProducer:
                     self._stop.wait(delay)
             else:
                 self._stop.wait(0.1)
-
-
-def _translate_produce_error(exc: KafkaException) -> Exception:
-    err = exc.args[0] if exc.args else None
-    if isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-        return RecordTooLargeError(f"record rejected by the client: {err.str()}")
-    return SpoolError(f"could not hand the record to librdkafka: {exc}")
 
 
 def _headers_of(msg: Message) -> Headers:

@@ -38,19 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from logsdk.testing._settings import FAST_RECOVERY
+
 log = logging.getLogger("logsdk.chaos")
 
 TOPIC = "chaos"
 PARTITIONS = 4
 RATE = 800  # records/s per producer
 SMALL_SPOOL = 150_000  # bytes: the producer whose spool the nemesis fills
-FAST: dict[str, Any] = {
-    "stall_timeout_s": 3.0,
-    "probe_interval_s": 0.2,
-    "probe_timeout_s": 1.0,
-    "probe_backoff_max_s": 0.5,
-    "kafka_config": {"reconnect.backoff.max.ms": 200},
-}
+FAST = FAST_RECOVERY
 
 
 # -- child processes -------------------------------------------------------------------------
@@ -74,48 +70,34 @@ def _producer_child(args: argparse.Namespace) -> int:
     interval = 1.0 / RATE
     next_t = time.monotonic()
     name = Path(args.spool).name
+
+    def write(final: bool) -> None:
+        s = p.stats()
+        line = {
+            "pid": os.getpid(),
+            "producer_id": s["producer_id"],
+            "start_seq": start_seq,
+            "accepted": accepted,
+            "dropped": s["dropped"],
+            "degraded_s": s["degraded_s"],
+            "final": final,
+            "lost_on_close": s["errors"].get("lost_on_close", 0),
+        }
+        report.write(json.dumps(line) + "\n")
+
     while not stop.exists():
         for _ in range(20):
             doc = {"producer": name, "n": accepted, "level": "INFO", "message": "chaos"}
             p.send(doc, key=str(accepted % 16))
             accepted += 1
         # Written after send() returned: the checker never expects a record not accepted.
-        s = p.stats()
-        report.write(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "producer_id": s["producer_id"],
-                    "start_seq": start_seq,
-                    "accepted": accepted,
-                    "dropped": s["dropped"],
-                    "degraded_s": s.get("degraded_s", 0.0),
-                    "final": False,
-                }
-            )
-            + "\n"
-        )
+        write(final=False)
         next_t += 20 * interval
         delay = next_t - time.monotonic()
         if delay > 0:
             time.sleep(delay)
     p.close(timeout=60)
-    s = p.stats()
-    report.write(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "producer_id": s["producer_id"],
-                "start_seq": start_seq,
-                "accepted": accepted,
-                "dropped": s["dropped"],
-                "degraded_s": s.get("degraded_s", 0.0),
-                "final": True,
-                "lost_on_close": s["errors"].get("lost_on_close", 0),
-            }
-        )
-        + "\n"
-    )
+    write(final=True)
     report.close()
     return 0
 
@@ -430,17 +412,27 @@ def _drain_leftover_spools(run: Run, bootstrap: str) -> None:
     for p in run.producers:
         spool = Path(p.cmd[p.cmd.index("_producer") + 2])
         db = spool / "spool.db"
-        if not db.exists():
+        left = 0
+        if db.exists():
+            conn = sqlite3.connect(db)
+            try:
+                left = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+            finally:
+                conn.close()
+        # A shm producer that died without close() (not only by the nemesis) left its
+        # unacknowledged records in its segment: a producer with buffer="shm" resends them.
+        kw: dict[str, Any] = {}
+        if p.cmd[p.cmd.index("--buffer") + 1] == "shm":
+            from logsdk.shm import list_segments, segment_name
+
+            if segment_name(None, spool) in list_segments():
+                kw["buffer"] = "shm"
+        if not left and not kw:
             continue
-        conn = sqlite3.connect(db)
-        try:
-            left = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
-        finally:
-            conn.close()
-        if not left:
-            continue
-        log.warning("%s left %d records in its spool; draining them", p.name, left)
-        with LogProducer(bootstrap, TOPIC, spool, **FAST) as prod:
+        log.warning(
+            "%s left %d records in its spool (shm ring: %s); draining", p.name, left, bool(kw)
+        )
+        with LogProducer(bootstrap, TOPIC, spool, **FAST, **kw) as prod:
             deadline = time.monotonic() + 120
             while prod.stats()["spool_records"] and time.monotonic() < deadline:
                 time.sleep(0.1)
