@@ -9,6 +9,8 @@
   WAL, the same synchronous setting) of the same rows.
 - producer.replay: records/s drained from a full spool to Kafka after recovery
   (replay_max_rate=None), vs the raw confluent-kafka Producer.
+- producer.shm: as producer.memory with buffer="shm" (a 64 MiB ring); params also give
+  the resident size of the ring and the process's RSS right after the run.
 
 Median of ``--rounds`` alternating rounds, 200-byte and 1 KiB values. Starts its own
 embedded broker. ``--json``: the last line is ``{"results": [...]}``.
@@ -102,6 +104,76 @@ def sdk_produce(
         dt = time.perf_counter() - t0
         assert p.stats()["acked"] == len(values)
     return len(values) / dt, samples
+
+
+def _rss_mib() -> tuple[float, float]:
+    """(VmRSS, RssShmem) of this process in MiB, from /proc/self/status (Linux)."""
+    fields: dict[str, float] = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "RssShmem"):
+            fields[name] = int(rest.split()[0]) / 1024
+    return fields.get("VmRSS", 0.0), fields.get("RssShmem", 0.0)
+
+
+def sdk_produce_shm(
+    broker: EmbeddedBroker, topic: str, values: list[bytes], spool: Path
+) -> tuple[float, float, float]:
+    """Records/s of LogProducer(buffer="shm").send() until all acknowledged, and the
+    (process RSS, ring resident) MiB measured before close() unmaps the ring."""
+    with LogProducer(
+        broker.bootstrap_servers, topic, spool, buffer="shm", shm_bytes=64 << 20, **FAST
+    ) as p:
+        t0 = time.perf_counter()
+        for i, v in enumerate(values):
+            p.send(v, b"%d" % (i % 64))
+        if p.flush(120):
+            raise RuntimeError("LogProducer(buffer='shm') did not deliver everything")
+        dt = time.perf_counter() - t0
+        assert p.stats()["acked"] == len(values)
+        rss, shmem = _rss_mib()
+    return len(values) / dt, rss, shmem
+
+
+def run_shm(
+    broker: EmbeddedBroker, records: int, rounds: int, sizes: list[int]
+) -> list[dict[str, Any]]:
+    """producer.shm: alternating rounds of LogProducer(buffer="shm") and the raw producer."""
+    results: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="logsdk-bench-shm-"))
+    try:
+        for size in sizes:
+            values = _values(records, size)
+            sdk, raw, rss, shmem = [], [], [], []
+            for r in range(rounds):
+                tag = uuid.uuid4().hex[:6]
+                for side in ("sdk", "raw") if r % 2 == 0 else ("raw", "sdk"):
+                    topic = create_topic(broker.bootstrap_servers, f"{side}-shm-{tag}", PARTITIONS)
+                    if side == "raw":
+                        raw.append(raw_produce(broker, topic, values))
+                    else:
+                        rate, vm, sh = sdk_produce_shm(broker, topic, values, work / tag)
+                        sdk.append(rate)
+                        rss.append(vm)
+                        shmem.append(sh)
+            # Median of per-round ratios: each pair ran back to back on the same broker.
+            ratio = statistics.median(a / b for a, b in zip(sdk, raw, strict=True))
+            res = _result(
+                "producer.shm" + ("" if size == 200 else f".{size}b"),
+                "records/s",
+                statistics.median(sdk),
+                "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
+                statistics.median(raw),
+                0.7,
+                {"records": records, "value_bytes": size, "rounds": rounds, "shm_mib": 64},
+            )
+            res["ratio"] = round(ratio, 3)
+            res["params"]["rss_after_run_mib"] = round(max(rss), 1)
+            res["params"]["ring_resident_mib"] = round(max(shmem), 1)
+            results.append(res)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
 
 
 def raw_sqlite(values: list[bytes], directory: Path) -> float:
@@ -277,6 +349,7 @@ def run(records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
                         params,
                     )
                 )
+            results.extend(run_shm(broker, records, rounds, sizes))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

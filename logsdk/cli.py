@@ -18,6 +18,7 @@ from logsdk._cli import bench, produce, spool, tail
 from logsdk._cli._common import UsageError
 from logsdk.errors import LogSDKError
 from logsdk.placement import _cli as placement_cli
+from logsdk.shm import _cli as shm_cli
 
 
 def _topic_spec(text: str) -> tuple[str, int]:
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     placement_cli.register(sub)
     for module in (produce, tail, spool, bench):
         module.register(sub)
+    shm_cli.register(sub)
     return parser
 
 

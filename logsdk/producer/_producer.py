@@ -40,6 +40,7 @@ from logsdk.errors import (
 )
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig, WhenFull
+from logsdk.shm._ring import ShmRing, open_for_producer
 from logsdk.spool._spool import Headers, Row, Spool, decode_headers, encode_headers, row_size
 
 log = logging.getLogger("logsdk.producer")
@@ -124,6 +125,12 @@ class LogProducer:
     or call :meth:`close`, which moves whatever Kafka has not acknowledged to the
     spool. Thread-safe: ``send()`` may be called from any number of threads.
 
+    ``buffer="shm"`` also keeps every accepted record in a ring in POSIX shared memory
+    (named ``shm_name``, by default derived from ``spool_dir``; ``shm_bytes`` long) until
+    Kafka acknowledged it or the spool committed it, so a producer restarted after a crash
+    of this process (even SIGKILL) resends them. A full ring is handled per ``when_full``
+    (``drop_oldest`` waits like ``block``); see :mod:`logsdk.shm._ring` for the layout.
+
     ``kafka_config`` passes librdkafka properties through (SASL/SSL included; their
     secrets are never logged or shown). ``enable.idempotence`` and ``acks=all`` are
     set by logsdk and may not be weakened.
@@ -150,6 +157,8 @@ class LogProducer:
         replay_batch: int = 2_000,
         replay_max_rate: float | None = 200_000.0,
         message_max_bytes: int = 1_000_000,
+        shm_name: str | None = None,
+        shm_bytes: int = 64 << 20,
     ) -> None:
         self.config = ProducerConfig(
             bootstrap_servers=bootstrap_servers,
@@ -170,9 +179,9 @@ class LogProducer:
             replay_batch=replay_batch,
             replay_max_rate=replay_max_rate,
             message_max_bytes=message_max_bytes,
+            shm_name=shm_name,
+            shm_bytes=shm_bytes,
         )
-        if buffer == "shm":
-            raise ConfigError("buffer='shm' is not available yet; use buffer='memory'")
         self._topic = topic
         self._spool = Spool(
             self.config.spool_dir, synchronous=spool_synchronous, max_bytes=spool_max_bytes
@@ -182,6 +191,16 @@ class LogProducer:
         self._seq_next = self._spool.seq_reserved
         self._seq_limit = self._seq_next + _SEQ_BLOCK
         self._spool.reserve_seq(self._seq_limit)
+        # buffer="shm": every accepted record is also in a shared-memory ring until it is
+        # acknowledged or spooled; what a dead owner left there goes to the spool first.
+        self._shm: ShmRing | None = None
+        self._shm_pressure = False  # a sender waits for room in the ring
+        if buffer == "shm":
+            try:
+                self._shm = open_for_producer(self._spool, shm_name, shm_bytes)
+            except BaseException:
+                self._spool.close()
+                raise
         self._recovered_at_start = self._spool.count
 
         # -- guarded by _lock (send path and state flips) --
@@ -296,6 +315,11 @@ class LogProducer:
                 # Fixed now, so a record spooled and replayed keeps its creation time.
                 timestamp = int(time.time() * 1000)
             rec: Rec = (topic, k, v, h, timestamp, seq)
+            if self._shm is not None and not self._shm.put(rec):
+                full = self._shm_full(rec)  # room at last, or raises/drops per when_full
+                if full is None:
+                    return
+                rec, seq = full, full[5]
             if self._direct:
                 hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
                 if h:
@@ -317,6 +341,7 @@ class LogProducer:
                     if _client.is_record_exception(exc):
                         self._n_rejected += 1
                         self._errors["record_rejected"] += 1
+                        self._release(rec)  # refused: not in custody
                         raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
                     # The client is unusable (fatal, ...): the record is not its fault.
                     # Accept it behind the client and let the pump replace the client.
@@ -328,7 +353,11 @@ class LogProducer:
                     self._n_sent += 1
                     self._n_produced += 1
                     return
-            self._enqueue(rec)
+            try:
+                self._enqueue(rec)
+            except BaseException:
+                self._release(rec)  # refused: not in custody
+                raise
             self._seq_next = seq + 1
             self._n_sent += 1
         self._wake.set()
@@ -380,7 +409,7 @@ class LogProducer:
             sent, dropped, rejected = self._n_sent, self._n_dropped, self._n_rejected
             produced = self._n_produced
         outstanding = produced - self._n_acked - self._n_failed
-        return {
+        out: dict[str, Any] = {
             "state": self._state.value,
             "producer_id": self.producer_id,
             "next_seq": self._seq_next,
@@ -410,6 +439,9 @@ class LogProducer:
             "spool_corrupt_files": self._spool.corrupt_files_moved,
             "errors": dict(self._errors),
         }
+        if self._shm is not None:
+            out.update(self._shm.stats())
+        return out
 
     @property
     def state(self) -> State:
@@ -446,10 +478,11 @@ class LogProducer:
             policy = cfg.when_full
             if policy == "drop_newest":
                 self._n_dropped += 1  # accepted (counted in sent by the caller), then dropped
+                self._release(rec)
                 return
             if policy == "drop_oldest":
                 if len(self._backlog) >= cfg.buffer_max_records:
-                    self._backlog.popleft()
+                    self._release(self._backlog.popleft())
                     self._n_dropped += 1
                 self._backlog.append(rec)
                 return
@@ -476,12 +509,70 @@ class LogProducer:
             )
         return f"memory buffer full (buffer_max_records={self.config.buffer_max_records})"
 
+    # -- shm buffer hooks ---------------------------------------------------------------------
+
+    def _release(self, rec: Rec) -> None:
+        """``rec`` left custody (acknowledged, spooled, dropped or refused): free its slot."""
+        if self._shm is not None:
+            self._shm.settle(rec[5])
+
+    def _shm_full(self, rec: Rec) -> Rec | None:
+        """The ring has no room for ``rec`` (caller holds _lock): apply ``when_full``.
+
+        ``drop_newest`` drops the record (None; counted as sent and dropped), ``raise``
+        raises :class:`BufferFullError`; ``block`` and ``drop_oldest`` wait up to
+        ``max_block_s`` while the pump makes room. Returns the record once it is in the
+        ring, with a fresh seq: other senders may have taken seqs while this one waited.
+        """
+        cfg, shm = self.config, self._shm
+        assert shm is not None
+        self._shm_pressure = True
+        self._wake.set()
+        reason = f"shm ring full (shm_bytes={shm.capacity})"
+        if cfg.when_full == "drop_newest":
+            self._n_sent += 1
+            self._n_dropped += 1
+            return None
+        if cfg.when_full == "raise":
+            raise BufferFullError(reason)
+        deadline = time.monotonic() + cfg.max_block_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BufferFullError(f"{reason}; waited max_block_s={cfg.max_block_s}")
+            self._space.wait(min(left, 0.05))
+            if self._closing:
+                raise ProducerClosedError("the producer is closed; it accepts no more records")
+            seq = self._seq_next
+            if seq >= self._seq_limit:
+                self._reserve_seq()
+            rec = (rec[0], rec[1], rec[2], rec[3], rec[4], seq)
+            if shm.put(rec):
+                return rec
+            self._shm_pressure = True
+            self._wake.set()
+
+    def _relieve_shm(self) -> None:
+        """Senders wait for room in the ring: wake them, and spill the backlog to the spool
+        as a full memory buffer does (records in flight free their room when acked)."""
+        self._shm_pressure = False
+        with self._lock:
+            backlog = len(self._backlog)
+            self._space.notify_all()
+        if backlog:
+            if self._state is State.ONLINE:
+                self._request_degrade("shm ring full")
+            elif self._state is State.RECOVERING:
+                self._spool_pending()
+
     # -- delivery callbacks (pump thread) ---------------------------------------------------
 
     def _on_delivery(self, rec: Rec, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self._n_acked += 1
             self._last_ack = time.monotonic()
+            if self._shm is not None:
+                self._shm.settle(rec[5])
             return
         if _client.is_record_error(err):
             self._reject(rec, err)
@@ -565,6 +656,8 @@ class LogProducer:
         if reason is not None and self._state is not State.DEGRADED:
             self._degrade(reason)
         self._settle_spool()
+        if self._shm_pressure:
+            self._relieve_shm()
         state = self._state
         busy = False
         if state is State.ONLINE:
@@ -834,6 +927,7 @@ class LogProducer:
                 if fit < len(rows):
                     if policy in ("drop_newest", "drop_oldest"):
                         n_drop = len(rows) - fit
+                        self._release_rows(rows[fit:])
                         with self._lock:
                             self._n_dropped += n_drop
                         log.warning("spool full: dropped %d newest record(s)", n_drop)
@@ -860,10 +954,16 @@ class LogProducer:
             self._disk_alarm(exc)
             return False
         self._n_spooled += len(rows)
+        self._release_rows(rows)
         if self._alarm is not None:
             log.warning("spool writable again: %s cleared", self._alarm)
             self._alarm = None
         return True
+
+    def _release_rows(self, rows: Sequence[Row]) -> None:
+        if self._shm is not None:
+            for r in rows:
+                self._shm.settle(r[5])
 
     def _disk_alarm(self, exc: SpoolError) -> None:
         if self._alarm is None:
@@ -878,6 +978,7 @@ class LogProducer:
             if self._rejects:
                 rejects, self._rejects = self._rejects, []
                 self._spool.reject(rejects)
+                self._release_rows([r for r, _ in rejects])
             if self._reject_ids:
                 pairs, self._reject_ids = self._reject_ids, []
                 self._spool.move_to_rejected(pairs)
@@ -915,6 +1016,10 @@ class LogProducer:
             )
             self._errors["lost_on_close"] += lost
         self._state = State.CLOSED
+        if self._shm is not None:
+            # Clean close: every record is acknowledged or spooled, so the segment goes.
+            # Otherwise it stays, and the next producer on it resends what it holds.
+            self._shm.close(unlink=self._shm.pending == 0)
         self._spool.close()
 
     # -- health thread ----------------------------------------------------------------------

@@ -412,17 +412,27 @@ def _drain_leftover_spools(run: Run, bootstrap: str) -> None:
     for p in run.producers:
         spool = Path(p.cmd[p.cmd.index("_producer") + 2])
         db = spool / "spool.db"
-        if not db.exists():
+        left = 0
+        if db.exists():
+            conn = sqlite3.connect(db)
+            try:
+                left = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+            finally:
+                conn.close()
+        # A shm producer that died without close() (not only by the nemesis) left its
+        # unacknowledged records in its segment: a producer with buffer="shm" resends them.
+        kw: dict[str, Any] = {}
+        if p.cmd[p.cmd.index("--buffer") + 1] == "shm":
+            from logsdk.shm import list_segments, segment_name
+
+            if segment_name(None, spool) in list_segments():
+                kw["buffer"] = "shm"
+        if not left and not kw:
             continue
-        conn = sqlite3.connect(db)
-        try:
-            left = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
-        finally:
-            conn.close()
-        if not left:
-            continue
-        log.warning("%s left %d records in its spool; draining them", p.name, left)
-        with LogProducer(bootstrap, TOPIC, spool, **FAST) as prod:
+        log.warning(
+            "%s left %d records in its spool (shm ring: %s); draining", p.name, left, bool(kw)
+        )
+        with LogProducer(bootstrap, TOPIC, spool, **FAST, **kw) as prod:
             deadline = time.monotonic() + 120
             while prod.stats()["spool_records"] and time.monotonic() < deadline:
                 time.sleep(0.1)

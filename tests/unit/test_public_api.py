@@ -54,3 +54,12 @@ def test_every_error_derives_from_the_root() -> None:
     ]
     assert classes
     assert all(issubclass(c, errors.LogSDKError) for c in classes)
+
+
+def test_shm_exports() -> None:
+    """logsdk.shm exports exactly these names."""
+    import logsdk.shm
+
+    assert sorted(logsdk.shm.__all__) == sorted(
+        ["SegmentInfo", "ShmRing", "inspect", "list_segments", "remove", "segment_name"]
+    )

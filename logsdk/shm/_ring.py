@@ -1,0 +1,623 @@
+"""A ring of records in POSIX shared memory that outlives a crash of the process writing it.
+
+Layout (little-endian): a 4096-byte header, then ``capacity`` bytes of frames.
+
+    header   0  8s   magic b"LOGSDKR1"
+             8  u32  version             12  u32 header size
+            16  u64  capacity            24  u32 owner pid   28 u32 reserved
+            32  u64  reserved            40  32s producer id (ASCII)
+            72  u16  spool dir length    74  spool dir (UTF-8, at most 400 bytes)
+           512  head: u64 value, u64 value ^ MASK, the same again (32 bytes)
+           544  tail: the same
+    frame    0  u32  magic (REC or PAD)
+             4  u32  CRC32 of bytes [12, 24 + L)  (PAD: of [12, 24))
+             8  u8   settled (1: acknowledged by Kafka or committed to the spool)
+            12  u32  L, the payload length
+            16  u64  pos, the frame's absolute position
+            24  payload: u64 seq, i64 timestamp, u16 topic length, i32 key, value and
+                headers lengths (-1: None), then topic, key, value, headers; the frame is
+                padded to a multiple of 8 bytes
+
+Invariants:
+- positions only grow (offset = pos % capacity); a frame is valid only where its stored
+  pos equals the position it is read at and its CRC matches, so a stale frame from an
+  earlier lap, a torn write or corrupt bytes are never taken for a record, and a reader
+  that meets one resynchronises on the next valid frame instead of stopping;
+- a frame is written completely before ``head`` moves past it, and ``tail`` is published
+  before the space behind it is reused, so [tail, head) is readable at every instant;
+- head and tail are each stored twice with a check word, the first copy written first:
+  a crash tears at most one copy, and a reader takes the first valid one;
+- a record's frame stays unsettled until Kafka acknowledged it or the spool committed it,
+  and the tail never passes an unsettled frame;
+- one live owner per segment: an exclusive ``flock`` on the segment's descriptor, which
+  the kernel releases when the owner dies, so a dead owner never blocks recovery.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import re
+import stat
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import posix_ipc
+
+from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
+from logsdk.spool._spool import Headers, Row, Spool, encode_headers
+
+log = logging.getLogger("logsdk.shm")
+
+MAGIC = b"LOGSDKR1"
+VERSION = 1
+HEADER_SIZE = 4096
+MIN_CAPACITY = 64 * 1024
+#: Where Linux shows POSIX shared memory segments (used to list them).
+SHM_DIR = Path("/dev/shm")
+
+_MASK = 0xA5A5_5A5A_C3C3_3C3C
+_HDR = struct.Struct("<8sIIQIIQ32sH")
+_DIR_OFF = _HDR.size
+_DIR_MAX = 400
+_SLOTS = struct.Struct("<QQQQ")
+_HEAD_OFF = 512
+_TAIL_OFF = 544
+
+_FMAGIC = b"LGR"  # the first three bytes of every frame, searched for when resynchronising
+_REC = int.from_bytes(_FMAGIC + b"\x01", "little")
+_PAD = int.from_bytes(_FMAGIC + b"\x02", "little")
+_FRAME = 24  # frame header bytes
+_FHDR = struct.Struct("<IIIIQ")  # magic, crc, flags, L, pos
+_F3 = struct.Struct("<III")  # magic, crc, flags: written once the body is in place
+_FIXED = 30  # payload bytes before topic, key, value, headers
+_BODY = struct.Struct("<IQQqHiii")  # L, pos, seq, ts, topic len, key, value, headers len
+_PAYLOAD = struct.Struct("<QqHiii")
+_PADBODY = struct.Struct("<IQ")
+
+_NAME_RE = re.compile(r"^/[A-Za-z0-9._-]{1,200}$")
+
+
+def segment_name(name: str | None, spool_dir: str | os.PathLike[str]) -> str:
+    """The POSIX name of a producer's segment: ``name`` checked, or one derived from the
+    spool directory (so a producer restarted on the same directory finds its segment)."""
+    if name is None:
+        digest = hashlib.sha256(os.path.realpath(spool_dir).encode()).hexdigest()[:16]
+        return f"/logsdk-{digest}"
+    full = name if name.startswith("/") else f"/{name}"
+    if not _NAME_RE.match(full):
+        raise ShmError(
+            f"shm_name {name!r} is not usable: use 1-200 characters from A-Z a-z 0-9 . _ -"
+        )
+    return full
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """What ``logsdk shm list`` shows about one segment."""
+
+    name: str
+    size: int
+    capacity: int
+    pending: int
+    corrupt: int
+    owner_pid: int
+    owner_alive: bool
+    producer_id: str
+    spool_dir: str
+
+
+class ShmRing:
+    """The ring buffer of one producer; see the module docstring for the layout.
+
+    Create it with :meth:`attach`. Writes (:meth:`put`) must be serialised by the caller
+    (the producer holds its send lock); :meth:`settle` may be called from any thread.
+    """
+
+    def __init__(self, name: str, shm: posix_ipc.SharedMemory, mm: mmap.mmap) -> None:
+        self.name = name
+        self._shm = shm
+        self._mm = mm
+        self.capacity = len(mm) - HEADER_SIZE
+        self._head = 0
+        self._tail = 0
+        # -- in-process bookkeeping: the shared bytes are for recovery, never trusted live --
+        self._open: dict[int, int] = {}  # seq -> byte offset of its unsettled frame
+        self._order: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end)
+        self._topics: dict[str, bytes] = {}
+        self._puts = 0
+        self.recovered: list[Row] = []  # unsettled records a dead owner left behind
+        self.corrupt = 0  # corrupt regions skipped while reading them
+        self.n_recovered = 0  # records moved to the spool at attach
+        self.closed = False
+        self._capacity_wanted = self.capacity
+        self._start = 0  # where positions continue after reset()
+        self._producer_id = ""
+        self._spool_dir = ""
+
+    # -- open / close --------------------------------------------------------------------
+
+    @classmethod
+    def attach(
+        cls, name: str, capacity: int, producer_id: str, spool_dir: str | os.PathLike[str]
+    ) -> ShmRing:
+        """Open or create the segment and take ownership of it.
+
+        A segment left by a dead owner is read first: its unsettled records are in
+        :attr:`recovered` (and the corrupt regions skipped in :attr:`corrupt`) until
+        :meth:`reset` discards them, which the caller does once they are safe elsewhere.
+        Raises :class:`ShmInUseError` while another live process owns the segment.
+        """
+        if capacity < MIN_CAPACITY:
+            raise ShmError(f"shm_bytes must be at least {MIN_CAPACITY}, got {capacity}")
+        capacity = capacity // 8 * 8
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREAT, mode=0o600)
+        except (posix_ipc.Error, OSError, ValueError) as exc:
+            raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
+        try:
+            return cls._take(name, shm, capacity, producer_id, os.fspath(spool_dir))
+        except BaseException:
+            shm.close_fd()
+            raise
+
+    @classmethod
+    def _take(
+        cls,
+        name: str,
+        shm: posix_ipc.SharedMemory,
+        capacity: int,
+        producer_id: str,
+        spool_dir: str,
+    ) -> ShmRing:
+        fd = shm.fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _owner_pid(fd)
+            raise ShmInUseError(
+                f"shared memory segment {name} is in use by a live producer (pid {owner}); "
+                "give each producer its own shm_name (or spool_dir)"
+            ) from None
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise ShmError(f"shared memory segment {name} belongs to uid {st.st_uid}, not us")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+        start = 0
+        ring: ShmRing | None = None
+        if st.st_size >= HEADER_SIZE + MIN_CAPACITY:
+            with mmap.mmap(fd, HEADER_SIZE) as head_page:
+                magic = head_page[:8]
+                blank = head_page[:HEADER_SIZE] == bytes(HEADER_SIZE)
+            if magic == MAGIC:
+                ring = cls(name, shm, mmap.mmap(fd, st.st_size))
+                try:
+                    ring._check_header(producer_id)
+                    ring._recover()
+                except BaseException:
+                    ring._mm.close()
+                    raise
+                start = ring._head
+            elif not blank:
+                raise ShmError(
+                    f"shared memory segment {name} is not a logsdk ring; remove it "
+                    f"(logsdk shm remove {name}) or pick another shm_name"
+                )
+        elif st.st_size != 0:
+            raise ShmError(f"shared memory segment {name} is truncated ({st.st_size} bytes)")
+        if ring is None:
+            ring = cls._fresh(name, shm, capacity)
+        ring._capacity_wanted = capacity
+        ring._start = start
+        ring._producer_id = producer_id
+        ring._spool_dir = spool_dir
+        if not ring.recovered:
+            ring.reset()
+        return ring
+
+    @classmethod
+    def _fresh(cls, name: str, shm: posix_ipc.SharedMemory, capacity: int) -> ShmRing:
+        try:
+            os.ftruncate(shm.fd, HEADER_SIZE + capacity)
+        except OSError as exc:
+            raise ShmError(f"cannot size shared memory segment {name}: {exc}") from exc
+        return cls(name, shm, mmap.mmap(shm.fd, HEADER_SIZE + capacity))
+
+    def reset(self) -> None:
+        """Forget every record in the ring (the recovered ones are safe elsewhere now) and
+        make it ready for writing, at the requested capacity, owned by this process."""
+        capacity = self._capacity_wanted
+        if capacity != self.capacity:
+            self._mm.close()
+            try:
+                os.ftruncate(self._shm.fd, HEADER_SIZE + capacity)
+            except OSError as exc:
+                raise ShmError(f"cannot resize shared memory segment {self.name}: {exc}") from exc
+            self._mm = mmap.mmap(self._shm.fd, HEADER_SIZE + capacity)
+            self.capacity = capacity
+        # Positions continue after the old head: no stale frame can ever match one.
+        start = (self._start + 7) // 8 * 8
+        mm = self._mm
+        d = self._spool_dir.encode()[:_DIR_MAX]
+        _HDR.pack_into(
+            mm, 0, MAGIC, VERSION, HEADER_SIZE, self.capacity, os.getpid(), 0, 0,
+            self._producer_id.encode()[:32], len(d),
+        )  # fmt: skip
+        mm[_DIR_OFF : _DIR_OFF + len(d)] = d
+        self._publish_tail(start)
+        _SLOTS.pack_into(mm, _HEAD_OFF, start, start ^ _MASK, start, start ^ _MASK)
+        self._head = start
+        self._open.clear()
+        self._order.clear()
+        self.recovered = []
+
+    def close(self, unlink: bool) -> None:
+        """Unmap and release ownership; ``unlink`` removes the segment (a clean close)."""
+        if self.closed:
+            return
+        self.closed = True
+        if unlink:
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                self._shm.unlink()
+        self._mm.close()
+        self._shm.close_fd()
+
+    def _check_header(self, producer_id: str) -> None:
+        _m, version, hsize, capacity, _pid, _r, _r2, pid_b, _dl = _HDR.unpack_from(self._mm, 0)
+        if version != VERSION or hsize != HEADER_SIZE or capacity != self.capacity:
+            raise ShmError(
+                f"shared memory segment {self.name} has an unknown layout (version {version}, "
+                f"capacity {capacity}); remove it with `logsdk shm remove {self.name}`"
+            )
+        owner = pid_b.rstrip(b"\0").decode(errors="replace")
+        if owner and owner != producer_id:
+            raise ShmError(
+                f"shared memory segment {self.name} holds records of producer {owner}, but "
+                f"this spool dir belongs to producer {producer_id}; start the producer on the "
+                f"spool dir {self._header_dir()!r} to resend them, or remove the segment"
+            )
+
+    def _header_dir(self) -> str:
+        (n,) = struct.unpack_from("<H", self._mm, _DIR_OFF - 2)
+        return bytes(self._mm[_DIR_OFF : _DIR_OFF + min(n, _DIR_MAX)]).decode(errors="replace")
+
+    # -- writing (caller serialises) -------------------------------------------------------
+
+    def put(
+        self, rec: tuple[str, bytes | None, bytes | None, Headers | None, int | None, int]
+    ) -> bool:
+        """Write one record; False when the ring has no room for it now.
+
+        Raises :class:`RecordTooLargeError` for a record that could never fit (a frame
+        above half the capacity).
+        """
+        topic, k, v, h, ts, seq = rec
+        tb = self._topics.get(topic)
+        if tb is None:
+            tb = self._topic_bytes(topic)
+        hb = encode_headers(h) if h else None
+        kl = -1 if k is None else len(k)
+        vl = -1 if v is None else len(v)
+        hl = -1 if hb is None else len(hb)
+        data = tb + (k or b"") + (v or b"") + (hb or b"")
+        n = _FIXED + len(data)
+        size = (_FRAME + n + 7) & ~7
+        cap = self.capacity
+        pos = self._head
+        off = pos % cap
+        room = cap - off
+        need = size if size <= room else room + size
+        self._puts += 1
+        if pos + need - self._tail > cap or not self._puts & 1023:
+            self._advance()  # every 1024 puts too, so the published tail stays near
+            if pos + need - self._tail > cap:
+                if size > cap // 2:
+                    raise RecordTooLargeError(
+                        f"record of {size} bytes does not fit the shm ring (shm_bytes={cap})"
+                    )
+                return False
+        mm = self._mm
+        if size > room:
+            if room >= _FRAME:  # below that, readers skip to the next lap by themselves
+                pad = _PADBODY.pack(room - _FRAME, pos)
+                b = HEADER_SIZE + off
+                mm[b + 12 : b + 24] = pad
+                _F3.pack_into(mm, b, _PAD, zlib.crc32(pad), 0)
+            pos += room
+            off = 0
+        body = _BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl) + data
+        b = HEADER_SIZE + off
+        mm[b + 12 : b + 12 + len(body)] = body
+        _F3.pack_into(mm, b, _REC, zlib.crc32(body), 0)
+        head = pos + size
+        self._head = head
+        # Published last: a crash before this line leaves the frame outside [tail, head).
+        _SLOTS.pack_into(mm, _HEAD_OFF, head, head ^ _MASK, head, head ^ _MASK)
+        self._open[seq] = b
+        self._order.append((seq, head))
+        return True
+
+    def _topic_bytes(self, topic: str) -> bytes:
+        tb = topic.encode()
+        if len(self._topics) < 1024:
+            self._topics[topic] = tb
+        return tb
+
+    def settle(self, seq: int) -> None:
+        """The record ``seq`` is acknowledged or committed to the spool: free its slot."""
+        b = self._open.pop(seq, None)
+        if b is not None and not self.closed:
+            self._mm[b + 8] = 1  # a recovering reader skips it (fewer duplicates)
+
+    def _advance(self) -> None:
+        """Move the tail past the settled frames at its end (caller serialises with put)."""
+        order, open_ = self._order, self._open
+        tail = self._tail
+        while order and order[0][0] not in open_:
+            tail = order.popleft()[1]
+        if not order:
+            tail = self._head
+        if tail != self._tail:
+            self._publish_tail(tail)
+
+    def _publish_tail(self, tail: int) -> None:
+        _SLOTS.pack_into(self._mm, _TAIL_OFF, tail, tail ^ _MASK, tail, tail ^ _MASK)
+        self._tail = tail  # only now may put() reuse the space behind it
+
+    @property
+    def pending(self) -> int:
+        """Records in the ring that are neither acknowledged nor in the spool."""
+        return len(self._open)
+
+    def stats(self) -> dict[str, object]:
+        """Gauges for ``LogProducer.stats()``."""
+        return {
+            "shm_name": self.name,
+            "shm_capacity": self.capacity,
+            "shm_records": len(self._open),
+            "shm_used_bytes": self._head - self._tail,
+            "shm_recovered": self.n_recovered,
+            "shm_corrupt": self.corrupt,
+        }
+
+    # -- reading (recovery, inspection) -----------------------------------------------------
+
+    def _recover(self, quiet: bool = False) -> None:
+        head, tail = _slot(self._mm, _HEAD_OFF), _slot(self._mm, _TAIL_OFF)
+        cap = self.capacity
+        if head is None:
+            if not quiet:
+                log.error("shm %s: head index unreadable; scanning one full lap", self.name)
+            head = (tail or 0) + cap
+        if tail is None or tail > head or head - tail > cap:
+            if not quiet:
+                log.error("shm %s: tail index unreadable; scanning one full lap", self.name)
+            tail = max(0, head - cap)
+        self._head, self._tail = head, tail
+        rows: list[Row] = []
+        for off in self._valid_frames(tail, head):
+            if self._mm[off + 8] == 0:
+                row = self._decode(off)
+                if row is None:
+                    self.corrupt += 1
+                else:
+                    rows.append(row)
+        self.recovered = rows
+        if self.corrupt and not quiet:
+            log.error(
+                "shm %s: %d corrupt region(s) skipped while reading the ring",
+                self.name,
+                self.corrupt,
+            )
+
+    def _valid_frames(self, tail: int, head: int) -> Iterator[int]:
+        """Byte offsets of the valid REC frames in [tail, head); counts corrupt regions."""
+        cap = self.capacity
+        pos = tail
+        while pos < head:
+            room = cap - pos % cap
+            if room < _FRAME:
+                pos += room
+                continue
+            size = self._frame_size(pos, head)
+            if size is None:
+                self.corrupt += 1
+                pos = self._resync(pos + 8, head)
+                continue
+            off = HEADER_SIZE + pos % cap
+            if struct.unpack_from("<I", self._mm, off)[0] == _REC:
+                yield off
+            pos += size
+
+    def _frame_size(self, pos: int, end: int) -> int | None:
+        """Size of the valid frame at ``pos`` (PAD: up to the lap's end), None if invalid."""
+        cap = self.capacity
+        room = cap - pos % cap
+        if room < _FRAME or pos % 8:
+            return None
+        b = HEADER_SIZE + pos % cap
+        magic, crc, _flags, n, fpos = _FHDR.unpack_from(self._mm, b)
+        if fpos != pos:
+            return None
+        if magic == _PAD:
+            if n != room - _FRAME or zlib.crc32(self._mm[b + 12 : b + 24]) != crc:
+                return None
+            return room
+        if magic != _REC or n < _FIXED or _FRAME + n > room:
+            return None
+        size = (_FRAME + int(n) + 7) & ~7
+        if pos + size > end or zlib.crc32(self._mm[b + 12 : b + _FRAME + n]) != crc:
+            return None
+        return size
+
+    def _resync(self, pos: int, end: int) -> int:
+        """The position of the next valid frame at or after ``pos`` (``end`` if none)."""
+        cap, mm = self.capacity, self._mm
+        pos = (pos + 7) // 8 * 8
+        while pos < end:
+            off = pos % cap
+            stop = min(end, pos + cap - off)  # this lap's end
+            lo, hi = HEADER_SIZE + off, HEADER_SIZE + off + (stop - pos)
+            i = mm.find(_FMAGIC, lo, hi)
+            while i != -1:
+                cand = pos + (i - lo)
+                if cand % 8 == 0 and self._frame_size(cand, end) is not None:
+                    return cand
+                i = mm.find(_FMAGIC, i + 1, hi)
+            pos = stop
+        return end
+
+    def _decode(self, off: int) -> Row | None:
+        mm = self._mm
+        n = struct.unpack_from("<I", mm, off + 12)[0]
+        seq, ts, tl, kl, vl, hl = _PAYLOAD.unpack_from(mm, off + _FRAME)
+        if tl + max(kl, 0) + max(vl, 0) + max(hl, 0) != n - _FIXED:
+            return None
+        i = off + _FRAME + _FIXED
+        try:
+            topic = bytes(mm[i : i + tl]).decode()
+        except UnicodeDecodeError:
+            return None
+        i += tl
+        parts: list[bytes | None] = []
+        for ln in (kl, vl, hl):
+            if ln < 0:
+                parts.append(None)
+            else:
+                parts.append(bytes(mm[i : i + ln]))
+                i += ln
+        return (topic, parts[0], parts[1], parts[2], None if ts < 0 else ts, seq)
+
+
+def _slot(mm: mmap.mmap, off: int) -> int | None:
+    a, ac, b, bc = _SLOTS.unpack_from(mm, off)
+    if a ^ _MASK == ac:
+        return int(a)
+    if b ^ _MASK == bc:
+        return int(b)
+    return None
+
+
+def _owner_pid(fd: int) -> int:
+    try:
+        with mmap.mmap(fd, HEADER_SIZE, prot=mmap.PROT_READ) as mm:
+            return int(_HDR.unpack_from(mm, 0)[4])
+    except (OSError, ValueError):
+        return 0
+
+
+# -- inspection (the CLI) ---------------------------------------------------------------------
+
+
+def _owner_alive(fd: int) -> bool:
+    """True while a live process holds the segment's ownership lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def inspect(name: str) -> SegmentInfo:
+    """Read a segment without taking it over (its owner may be alive and writing)."""
+    try:
+        shm = posix_ipc.SharedMemory(name, 0)
+    except posix_ipc.ExistentialError:
+        raise ShmError(f"no shared memory segment named {name}") from None
+    except (posix_ipc.Error, OSError) as exc:
+        raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
+    try:
+        size = os.fstat(shm.fd).st_size
+        alive = _owner_alive(shm.fd)
+        if size < HEADER_SIZE + MIN_CAPACITY:
+            raise ShmError(f"{name} is not a logsdk ring ({size} bytes)")
+        with mmap.mmap(shm.fd, size, prot=mmap.PROT_READ) as mm:
+            magic, _v, _h, capacity, pid, _r, _r2, pid_b, dlen = _HDR.unpack_from(mm, 0)
+            if magic != MAGIC or capacity != size - HEADER_SIZE:
+                raise ShmError(f"{name} is not a logsdk ring")
+            spool_dir = bytes(mm[_DIR_OFF : _DIR_OFF + min(dlen, _DIR_MAX)]).decode(
+                errors="replace"
+            )
+            ring = ShmRing(name, shm, mm)
+            ring._recover(quiet=True)
+            pending, corrupt = len(ring.recovered), ring.corrupt
+    finally:
+        shm.close_fd()
+    return SegmentInfo(
+        name=name,
+        size=size,
+        capacity=capacity,
+        pending=pending,
+        corrupt=corrupt,
+        owner_pid=pid,
+        owner_alive=alive,
+        producer_id=pid_b.rstrip(b"\0").decode(errors="replace"),
+        spool_dir=spool_dir,
+    )
+
+
+def list_segments() -> list[str]:
+    """Names of the logsdk rings this user can see (Linux: the files in /dev/shm)."""
+    names: list[str] = []
+    try:
+        entries = sorted(os.scandir(SHM_DIR), key=lambda e: e.name)
+    except OSError:
+        return names
+    uid = os.geteuid()
+    for e in entries:
+        try:
+            if not e.is_file() or e.stat().st_uid != uid:
+                continue
+            with open(e.path, "rb") as f:
+                if f.read(8) == MAGIC:
+                    names.append("/" + e.name)
+        except OSError:
+            continue
+    return names
+
+
+def remove(name: str) -> None:
+    """Unlink a segment; refuses while its owner is alive."""
+    info = inspect(name)
+    if info.owner_alive:
+        raise ShmInUseError(
+            f"{name} is owned by a live process (pid {info.owner_pid}); close that producer"
+        )
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        raise ShmError(f"no shared memory segment named {name}") from None
+
+
+def open_for_producer(spool: Spool, name: str | None, capacity: int) -> ShmRing:
+    """Attach a producer's ring. Records a dead owner left unsettled are committed to the
+    spool first (one transaction, with their original seq), so the ordinary replay path
+    resends them, oldest first, with the same ``logsdk.producer``/``logsdk.seq`` headers."""
+    seg = segment_name(name, spool.directory)
+    ring = ShmRing.attach(seg, capacity, spool.producer_id, spool.directory)
+    rows = ring.recovered
+    if rows:
+        try:
+            spool.append(rows)
+            ring.reset()  # only now: until the commit, the ring is their only copy
+        except BaseException:
+            ring.close(unlink=False)
+            raise
+        ring.n_recovered = len(rows)
+        log.warning(
+            "shm %s: %d unacknowledged record(s) left by a dead producer moved to the spool; "
+            "they are resent first",
+            seg,
+            len(rows),
+        )
+    return ring

@@ -1,0 +1,241 @@
+"""The shared-memory ring without a broker: wrap-around, full ring, torn and corrupt frames."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import posix_ipc
+import pytest
+
+from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
+from logsdk.shm import ShmRing, inspect, list_segments, remove, segment_name
+from logsdk.shm._ring import HEADER_SIZE
+
+CAP = 64 * 1024
+PID = "p" * 32
+HEAD_SLOTS = 512  # the documented layout: head stored twice at bytes 512..544
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    """A unique segment name, unlinked after the test whatever happened."""
+    n = f"/logsdk-test-{uuid.uuid4().hex[:12]}"
+    yield n
+    with contextlib.suppress(posix_ipc.ExistentialError):
+        posix_ipc.unlink_shared_memory(n)
+
+
+def rec(i: int, size: int = 100) -> tuple[str, bytes, bytes, None, int, int]:
+    return ("topic", b"k%d" % i, (b"rec-%06d|" % i).ljust(size, b"."), None, 1000 + i, i)
+
+
+def crash(ring: ShmRing) -> None:
+    """What a SIGKILL leaves: the segment as it is, ownership released."""
+    ring.close(unlink=False)
+
+
+def poke(name: str, find: bytes, data: bytes, delta: int = 0) -> None:
+    """Overwrite bytes of the segment at the first occurrence of ``find`` (+ ``delta``)."""
+    shm = posix_ipc.SharedMemory(name, 0)
+    try:
+        with mmap.mmap(shm.fd, os.fstat(shm.fd).st_size) as mm:
+            i = mm.find(find, HEADER_SIZE)
+            assert i > 0, find
+            mm[i + delta : i + delta + len(data)] = data
+    finally:
+        shm.close_fd()
+
+
+def test_wraps_around_many_laps_and_recovers_exactly_the_unsettled(
+    name: str, tmp_path: Path
+) -> None:
+    """10 laps of a 64 KiB ring, acks lagging 100 records: a crash leaves exactly those 100."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    n = 0
+    for i in range(6000):  # ~ 10 laps of 168-byte frames
+        assert ring.put(rec(i, 100 + i % 37))
+        n += 1
+        if i >= 100:
+            ring.settle(i - 100)
+    assert ring.pending == 100
+    crash(ring)
+    again = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        assert [r[5] for r in again.recovered] == list(range(n - 100, n))
+        assert again.corrupt == 0
+        topic, key, value, headers, ts, seq = again.recovered[0]
+        assert (topic, key, ts, headers) == ("topic", b"k%d" % seq, 1000 + seq, None)
+        assert value is not None
+        assert value.startswith(b"rec-%06d|" % seq)
+    finally:
+        again.close(unlink=True)
+
+
+def test_full_ring_refuses_until_the_oldest_is_settled(name: str, tmp_path: Path) -> None:
+    """put() returns False when full; settling the oldest records makes room again."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        i = 0
+        while ring.put(rec(i, 1000)):
+            i += 1
+        assert 50 < i < 70
+        assert not ring.put(rec(i, 1000))
+        ring.settle(5)  # not the oldest: no room yet
+        assert not ring.put(rec(i, 1000))
+        for s in range(5):
+            ring.settle(s)
+        assert ring.put(rec(i, 1000))
+        with pytest.raises(RecordTooLargeError):
+            ring.put(rec(i + 1, CAP // 2 + 1))
+    finally:
+        ring.close(unlink=True)
+
+
+def segment_bytes(name: str, off: int, n: int) -> bytes:
+    shm = posix_ipc.SharedMemory(name, 0)
+    try:
+        with mmap.mmap(shm.fd, os.fstat(shm.fd).st_size) as mm:
+            return mm[off : off + n]
+    finally:
+        shm.close_fd()
+
+
+def write_at(name: str, off: int, data: bytes) -> None:
+    shm = posix_ipc.SharedMemory(name, 0)
+    try:
+        with mmap.mmap(shm.fd, os.fstat(shm.fd).st_size) as mm:
+            mm[off : off + len(data)] = data
+    finally:
+        shm.close_fd()
+
+
+def test_crash_between_frame_and_head_write_hides_only_that_record(
+    name: str, tmp_path: Path
+) -> None:
+    """A frame written but not yet published (send() had not returned) is not read back;
+    a torn first copy of head falls back to the second."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    for i in range(10):
+        ring.put(rec(i))
+    slots = segment_bytes(name, HEAD_SLOTS, 32)
+    ring.put(rec(10))
+    crash(ring)
+    # The crash came before the head moved past record 10, in the middle of its first copy.
+    write_at(name, HEAD_SLOTS, b"\xff" * 5 + slots[5:16] + slots[16:])
+    again = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        assert [r[5] for r in again.recovered] == list(range(10))
+        assert again.corrupt == 0
+    finally:
+        again.close(unlink=True)
+
+
+@pytest.mark.parametrize(
+    ("where", "delta"),
+    [("payload", 3), ("frame header", -40)],
+)
+def test_corrupt_frames_are_counted_and_skipped_never_hiding_later_ones(
+    name: str, tmp_path: Path, where: str, delta: int
+) -> None:
+    """Garbage in three frames (payload or header): those three are skipped and counted,
+    every other record is read back, in order."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    for i in range(200):
+        ring.put(rec(i))
+    crash(ring)
+    for victim in (20, 100, 199):
+        poke(name, b"rec-%06d|" % victim, b"\x00garbage\xff", delta)
+    again = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        assert again.corrupt == 3, where
+        assert [r[5] for r in again.recovered] == [i for i in range(200) if i not in (20, 100, 199)]
+    finally:
+        again.close(unlink=True)
+
+
+def test_settled_records_are_not_read_back(name: str, tmp_path: Path) -> None:
+    """Records acknowledged out of order (several partitions) are not resent after a crash."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    for i in range(50):
+        ring.put(rec(i))
+    for i in range(0, 50, 3):
+        ring.settle(i)
+    crash(ring)
+    again = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        assert [r[5] for r in again.recovered] == [i for i in range(50) if i % 3]
+    finally:
+        again.close(unlink=True)
+
+
+def test_second_live_owner_gets_a_clear_error(name: str, tmp_path: Path) -> None:
+    """One live owner per segment; once it is gone, the next one attaches."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        with pytest.raises(
+            ShmInUseError, match=f"in use by a live producer \\(pid {os.getpid()}\\)"
+        ):
+            ShmRing.attach(name, CAP, PID, tmp_path)
+    finally:
+        crash(ring)
+    ShmRing.attach(name, CAP, PID, tmp_path).close(unlink=True)
+
+
+def test_segment_of_another_producer_is_refused(name: str, tmp_path: Path) -> None:
+    """Records of producer A are never resent under producer B's id."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    ring.put(rec(1))
+    crash(ring)
+    with pytest.raises(ShmError, match=r"holds records of producer p+"):
+        ShmRing.attach(name, CAP, "q" * 32, tmp_path / "other")
+
+
+def test_mode_0600_and_clean_close_unlinks(name: str, tmp_path: Path) -> None:
+    """The segment is private to its user, and a clean close removes it."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    assert stat.S_IMODE(os.stat(f"/dev/shm{name}").st_mode) == 0o600
+    assert name in list_segments()
+    ring.close(unlink=True)
+    assert name not in list_segments()
+
+
+def test_inspect_and_remove(name: str, tmp_path: Path) -> None:
+    """inspect() shows pending records and a dead owner; remove() refuses a live one."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    for i in range(7):
+        ring.put(rec(i))
+    info = inspect(name)
+    assert (info.pending, info.owner_alive, info.owner_pid) == (7, True, os.getpid())
+    with pytest.raises(ShmInUseError):
+        remove(name)
+    crash(ring)
+    info = inspect(name)
+    assert (info.pending, info.owner_alive, info.spool_dir) == (7, False, str(tmp_path))
+    remove(name)
+    with pytest.raises(ShmError, match="no shared memory segment"):
+        inspect(name)
+
+
+def test_names() -> None:
+    """A name is derived from the spool dir, or checked."""
+    assert segment_name(None, "/a/b") == segment_name(None, "/a/b/")
+    assert segment_name(None, "/a/b") != segment_name(None, "/a/c")
+    assert segment_name("app-1", "/x") == "/app-1"
+    with pytest.raises(ShmError, match="not usable"):
+        segment_name("a/b", "/x")
+
+
+def test_not_a_ring_is_refused(name: str, tmp_path: Path) -> None:
+    """A foreign segment under the name is never overwritten."""
+    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=HEADER_SIZE + CAP)
+    with mmap.mmap(shm.fd, HEADER_SIZE + CAP) as mm:
+        mm[:5] = b"hello"
+    shm.close_fd()
+    with pytest.raises(ShmError, match="not a logsdk ring"):
+        ShmRing.attach(name, CAP, PID, tmp_path)
