@@ -311,56 +311,67 @@ class LogProducer:
             seq = self._seq_next
             if seq >= self._seq_limit:
                 self._reserve_seq()
-            if timestamp is None:
-                # Fixed now, so a record spooled and replayed keeps its creation time.
-                timestamp = int(time.time() * 1000)
-            rec: Rec = (topic, k, v, h, timestamp, seq)
-            if self._shm is not None and not self._shm.put(rec):
-                full = self._shm_full(rec)  # room at last, or raises/drops per when_full
-                if full is None:
-                    return
-                rec, seq = full, full[5]
-            if self._direct:
-                hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
-                if h:
-                    hdrs = [*h, *hdrs]
-                try:
-                    self._client.produce(  # type: ignore[union-attr]
-                        topic,
-                        v,
-                        k,
-                        headers=hdrs,
-                        timestamp=timestamp,
-                        # librdkafka drops headers from the reports of purged records, so
-                        # the record itself rides with its callback: nothing is rebuilt.
-                        on_delivery=functools.partial(self._on_delivery, rec),
-                    )
-                except BufferError:
-                    self._direct = False  # librdkafka's queue is full: queue behind it
-                except KafkaException as exc:
-                    if _client.is_record_exception(exc):
-                        self._n_rejected += 1
-                        self._errors["record_rejected"] += 1
-                        self._release(rec)  # refused: not in custody
-                        raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
-                    # The client is unusable (fatal, ...): the record is not its fault.
-                    # Accept it behind the client and let the pump replace the client.
-                    self._direct = False
-                    self._errors["produce_error"] += 1
-                    self._request_degrade(f"produce failed: {exc}")
-                else:
-                    self._seq_next = seq + 1
-                    self._n_sent += 1
-                    self._n_produced += 1
-                    return
-            try:
-                self._enqueue(rec)
-            except BaseException:
-                self._release(rec)  # refused: not in custody
-                raise
+            # Taken now: a wait below (ring or buffer full) releases the lock, so another
+            # sender must not get the same seq. A refused record gives it back when no
+            # one took a later one meanwhile (else it leaves a gap, never a reuse).
             self._seq_next = seq + 1
-            self._n_sent += 1
+            try:
+                if timestamp is None:
+                    # Fixed now, so a record spooled and replayed keeps its creation time.
+                    timestamp = int(time.time() * 1000)
+                rec: Rec = (topic, k, v, h, timestamp, seq)
+                # Ring full: wait for room, or raise/drop per when_full (None: dropped).
+                if self._shm is not None and not self._shm.put(rec) and self._shm_full(rec) is None:
+                    return
+                if self._direct and self._produce_direct(rec):
+                    return
+                try:
+                    self._enqueue(rec)
+                except BaseException:
+                    self._release(rec)  # refused: not in custody
+                    raise
+                self._n_sent += 1
+            except BaseException:
+                if self._seq_next == seq + 1:
+                    self._seq_next = seq
+                raise
         self._wake.set()
+
+    def _produce_direct(self, rec: Rec) -> bool:
+        """Hand ``rec`` straight to librdkafka (caller holds _lock). False: queue it instead."""
+        topic, k, v, h, timestamp, seq = rec
+        hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
+        if h:
+            hdrs = [*h, *hdrs]
+        try:
+            self._client.produce(  # type: ignore[union-attr]
+                topic,
+                v,
+                k,
+                headers=hdrs,
+                timestamp=timestamp or 0,
+                # librdkafka drops headers from the reports of purged records, so the
+                # record itself rides with its callback: nothing is rebuilt from a report.
+                on_delivery=functools.partial(self._on_delivery, rec),
+            )
+        except BufferError:
+            self._direct = False  # librdkafka's queue is full: queue behind it
+            return False
+        except KafkaException as exc:
+            if _client.is_record_exception(exc):
+                self._n_rejected += 1
+                self._errors["record_rejected"] += 1
+                self._release(rec)  # refused: not in custody
+                raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
+            # The client is unusable (fatal, ...): the record is not at fault. Accept it
+            # behind the client and let the pump replace the client.
+            self._direct = False
+            self._errors["produce_error"] += 1
+            self._request_degrade(f"produce failed: {exc}")
+            return False
+        self._n_sent += 1
+        self._n_produced += 1
+        return True
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every record is acknowledged or committed in the spool.
@@ -522,7 +533,7 @@ class LogProducer:
         ``drop_newest`` drops the record (None; counted as sent and dropped), ``raise``
         raises :class:`BufferFullError`; ``block`` and ``drop_oldest`` wait up to
         ``max_block_s`` while the pump makes room. Returns the record once it is in the
-        ring, with a fresh seq: other senders may have taken seqs while this one waited.
+        ring (its seq was taken before the wait, so no other sender can reuse it).
         """
         cfg, shm = self.config, self._shm
         assert shm is not None
@@ -543,10 +554,6 @@ class LogProducer:
             self._space.wait(min(left, 0.05))
             if self._closing:
                 raise ProducerClosedError("the producer is closed; it accepts no more records")
-            seq = self._seq_next
-            if seq >= self._seq_limit:
-                self._reserve_seq()
-            rec = (rec[0], rec[1], rec[2], rec[3], rec[4], seq)
             if shm.put(rec):
                 return rec
             self._shm_pressure = True
@@ -639,10 +646,15 @@ class LogProducer:
                 self._done.notify_all()
             if not busy:
                 client = self._client
-                if client is not None:
-                    client.poll(0.01)
-                else:
-                    self._wake.wait(0.01)
+                try:
+                    if client is not None:
+                        client.poll(0.01)
+                    else:
+                        self._wake.wait(0.01)
+                except Exception:  # poll() may raise a fatal client error: degrade
+                    self._errors["pump"] += 1
+                    log.exception("librdkafka poll failed; replacing the client")
+                    self._request_degrade("poll failed")
                 self._wake.clear()
 
     def _step(self) -> bool:
