@@ -6,6 +6,7 @@ line it prints is ``{"results": [...]}`` (see shared BENCHMARKS.md for the schem
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import platform
@@ -41,10 +42,8 @@ def main(argv: list[str]) -> int:
         results.extend(json.loads(lines[-1])["results"])
     # Figures other commands write here (`make chaos`: chaos.*) are kept.
     previous: list[dict[str, object]] = []
-    try:
+    with contextlib.suppress(OSError, ValueError):
         previous = json.loads((HERE / "results.json").read_text()).get("results", [])
-    except (OSError, ValueError):
-        pass
     mine = {str(r["name"]) for r in results}
     kept = [r for r in previous if str(r["name"]).startswith("chaos.") and r["name"] not in mine]
     out = {
