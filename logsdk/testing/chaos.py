@@ -57,6 +57,11 @@ def _producer_child(args: argparse.Namespace) -> int:
     from logsdk import LogProducer
 
     kw: dict[str, Any] = dict(FAST)
+    if args.max_in_flight:
+        kw["kafka_config"] = {
+            **kw["kafka_config"],
+            "max.in.flight.requests.per.connection": args.max_in_flight,
+        }
     if args.spool_max_bytes:
         kw["spool_max_bytes"] = args.spool_max_bytes
         kw["when_full"] = "drop_oldest"
@@ -274,7 +279,13 @@ def _sink_count(db: Path) -> int:
         return 0
 
 
-def chaos(seed: int, duration: float, producers: int = 3, consumers: int = 2) -> dict[str, Any]:
+def chaos(
+    seed: int,
+    duration: float,
+    producers: int = 3,
+    consumers: int = 2,
+    max_in_flight: int = 1,
+) -> dict[str, Any]:
     """Run the workload under the nemesis for ``duration`` seconds; return the verdict."""
     from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
 
@@ -304,6 +315,8 @@ def chaos(seed: int, duration: float, producers: int = 3, consumers: int = 2) ->
             ]
             if small:
                 cmd += ["--spool-max-bytes", str(SMALL_SPOOL)]
+            if max_in_flight:
+                cmd += ["--max-in-flight", str(max_in_flight)]
             run.producers.append(Proc(f"p{i}", cmd, killable=buffer == "shm"))
         for i in range(consumers):
             cmd = [
@@ -398,6 +411,7 @@ def chaos(seed: int, duration: float, producers: int = 3, consumers: int = 2) ->
         "max_latency_s": round(latency, 3),
         "degraded_s": round(degraded, 1),
         "shm": shm,
+        "max_in_flight": max_in_flight,
         "events": [f"{t}s {k}" for t, k in run.events],
         "producer_restarts": sum(p.restarts for p in run.producers),
         "consumer_restarts": sum(c.restarts for c in run.consumers),
@@ -450,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         pp.add_argument(a)
     pp.add_argument("--buffer", default="memory")
     pp.add_argument("--spool-max-bytes", type=int, default=0)
+    pp.add_argument("--max-in-flight", type=int, default=0)
     cp = sub.add_parser("_consumer")
     for a in ("bootstrap", "db", "latency"):
         cp.add_argument(a)
@@ -457,6 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--producers", type=int, default=3)
     ap.add_argument("--consumers", type=int, default=2)
+    ap.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=1,
+        help=(
+            "producers' max.in.flight.requests.per.connection (default 1: the embedded "
+            "broker does not enforce idempotent sequences across its restarts; 0: "
+            "librdkafka's default of 5, right for Apache Kafka)"
+        ),
+    )
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument("--results", help="merge chaos.* figures into this results.json")
     args = ap.parse_args(argv)
@@ -468,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         return _consumer_child(args)
     if args.duration < 20:
         ap.error("--duration must be at least 20 seconds")
-    verdict = chaos(args.seed, args.duration, args.producers, args.consumers)
+    verdict = chaos(args.seed, args.duration, args.producers, args.consumers, args.max_in_flight)
     for k in ("accepted", "in_sink", "missing", "duplicates", "dropped", "max_latency_s"):
         print(f"{k:16} {verdict[k]}")
     print(f"{'degraded_s':16} {verdict['degraded_s']}")
