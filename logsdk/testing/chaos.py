@@ -357,18 +357,24 @@ def chaos(
         )
         total = sum(len(v) for v in expected.values())
         all_dropped = sum(dropped.values())
-        deadline = time.monotonic() + 120
-        last, still = -1, 0
-        while time.monotonic() < deadline:
+        # What reached Kafka, read once the producers are done: the consumers must store
+        # all of it. Waiting on this (not on a count) tells a slow consumer from a loss.
+        msgs = read_topic(broker.bootstrap_servers, TOPIC, timeout=300)
+        wire = check_delivery(msgs)
+        del msgs
+        in_topic = {pid: wire.seqs.get(pid, set()) & exp for pid, exp in expected.items()}
+        want = sum(len(v) for v in in_topic.values())
+        last_n, last_change = -1, time.monotonic()
+        while True:
             n = _sink_count(db)
-            if n >= total - all_dropped and n == last:
-                still += 1
-                if still >= 10:
-                    break
-            else:
-                still = 0
-            last = n
-            time.sleep(0.3)
+            if n >= want:
+                break
+            if n != last_n:
+                last_n, last_change = n, time.monotonic()
+            elif time.monotonic() - last_change > 90:
+                log.error("consumers made no progress for 90 s at %d of %d records", n, want)
+                break
+            time.sleep(0.5)
         for c in run.consumers:
             if c.popen is not None and c.popen.poll() is None:
                 c.popen.send_signal(signal.SIGTERM)
@@ -378,11 +384,14 @@ def chaos(
                     c.popen.wait(60)
                 except subprocess.TimeoutExpired:
                     c.kill()
-        wire = check_delivery(read_topic(broker.bootstrap_servers, TOPIC, timeout=180))
     found, rows = _sink(db)
     in_sink = sum(len(v) for v in found.values())
     missing_by = {pid: len(expected[pid] - found.get(pid, set())) for pid in expected}
     missing = sum(missing_by.values())
+    # Where the missing ones are: never in Kafka (producer/broker side), or in Kafka but
+    # not stored (consumer side).
+    not_in_topic = sum(len(expected[pid] - in_topic[pid]) for pid in expected)
+    not_consumed = sum(len(in_topic[pid] - found.get(pid, set())) for pid in expected)
     latency = 0.0
     for c in run.consumers:
         with contextlib.suppress(OSError, ValueError):
@@ -403,6 +412,8 @@ def chaos(
         "in_sink": in_sink,
         "missing": unexplained,
         "missing_raw": missing,
+        "not_in_topic": not_in_topic,
+        "in_topic_not_in_sink": not_consumed,
         "duplicates": duplicates,
         "dropped": all_dropped,
         "lost_on_close": sum(lost_on_close.values()),
