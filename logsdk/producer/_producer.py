@@ -338,39 +338,18 @@ class LogProducer:
         self._wake.set()
 
     def _produce_direct(self, rec: Rec) -> bool:
-        """Hand ``rec`` straight to librdkafka (caller holds _lock). False: queue it instead."""
-        topic, k, v, h, timestamp, seq = rec
-        hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
-        if h:
-            hdrs = [*h, *hdrs]
+        """send()'s fast path (caller holds _lock). False: queue the record instead."""
         try:
-            self._client.produce(  # type: ignore[union-attr]
-                topic,
-                v,
-                k,
-                headers=hdrs,
-                timestamp=timestamp or 0,
-                # librdkafka drops headers from the reports of purged records, so the
-                # record itself rides with its callback: nothing is rebuilt from a report.
-                on_delivery=functools.partial(self._on_delivery, rec),
-            )
-        except BufferError:
-            self._direct = False  # librdkafka's queue is full: queue behind it
-            return False
-        except KafkaException as exc:
-            if _client.is_record_exception(exc):
-                self._n_rejected += 1
-                self._errors["record_rejected"] += 1
-                self._release(rec)  # refused: not in custody
-                raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
-            # The client is unusable (fatal, ...): the record is not at fault. Accept it
-            # behind the client and let the pump replace the client.
-            self._direct = False
-            self._errors["produce_error"] += 1
-            self._request_degrade(f"produce failed: {exc}")
+            handed = self._produce_rec(rec)
+        except KafkaException as exc:  # the record itself was refused: not accepted
+            self._n_rejected += 1
+            self._errors["record_rejected"] += 1
+            self._release(rec)  # refused: not in custody
+            raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
+        if not handed:
+            self._direct = False  # full, or the client is broken: queue behind it
             return False
         self._n_sent += 1
-        self._n_produced += 1
         return True
 
     def flush(self, timeout: float | None = None) -> int:
@@ -766,7 +745,7 @@ class LogProducer:
         # Spool drained: the backlog (all newer than anything replayed) goes next.
         with self._lock:
             while self._backlog:
-                if not self._produce_rec(self._backlog[0]):
+                if not self._produce_backlog_rec(self._backlog[0]):
                     return True
                 self._backlog.popleft()
             self._direct = True
@@ -840,7 +819,7 @@ class LogProducer:
                 self._want_degrade = "local queue full beyond buffer_max_records"
                 return True
             while self._backlog:
-                if not self._produce_rec(self._backlog[0]):
+                if not self._produce_backlog_rec(self._backlog[0]):
                     return False
                 self._backlog.popleft()
             self._direct = True
@@ -848,7 +827,12 @@ class LogProducer:
         return False
 
     def _produce_rec(self, rec: Rec) -> bool:
-        """Hand one fresh record to the client (caller holds _lock). False when full."""
+        """Hand one record to the client (caller holds _lock).
+
+        True: handed over. False: not now (librdkafka's queue is full, or the client is
+        broken and a degrade is requested). Raises KafkaException when librdkafka refuses
+        the record itself (too large, invalid): the caller decides what that means.
+        """
         topic, k, v, h, ts, seq = rec
         hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
         if h:
@@ -860,20 +844,30 @@ class LogProducer:
                 k,
                 headers=hdrs,
                 timestamp=ts or 0,
+                # librdkafka drops headers from the reports of purged records, so the
+                # record itself rides with its callback: nothing is rebuilt from a report.
                 on_delivery=functools.partial(self._on_delivery, rec),
             )
         except BufferError:
             return False
         except KafkaException as exc:
+            if _client.is_record_exception(exc):
+                raise
             self._errors["produce_error"] += 1
-            if not _client.is_record_exception(exc):
-                self._request_degrade(f"produce failed: {exc}")
-                return False  # kept in the backlog; the degrade spools it
-            self._n_rejected += 1
-            self._rejects.append((_row(rec), str(exc)))
-            return True
+            self._request_degrade(f"produce failed: {exc}")
+            return False
         self._n_produced += 1
         return True
+
+    def _produce_backlog_rec(self, rec: Rec) -> bool:
+        """Hand an already accepted record to the client; one Kafka refuses is set aside."""
+        try:
+            return self._produce_rec(rec)
+        except KafkaException as exc:
+            self._errors["produce_error"] += 1
+            self._n_rejected += 1
+            self._rejects.append((_row(rec), str(exc)))
+            return True  # out of the backlog: kept in the spool's rejected table
 
     def _spool_pending(self, limit: int | None = None) -> bool:
         """Commit failed records, then the backlog's head, to the spool. True if more left."""
