@@ -522,7 +522,13 @@ def _merge_results(path: Path, v: dict[str, Any]) -> None:
     data: dict[str, Any] = {"results": []}
     with contextlib.suppress(OSError, ValueError):
         data = json.loads(path.read_text())
-    params = {"seed": v["seed"], "duration_s": v["duration_s"], "shm": v["shm"]}
+    params = {
+        "seed": v["seed"],
+        "duration_s": v["duration_s"],
+        "shm": v["shm"],
+        "max_in_flight": v.get("max_in_flight"),
+        "verdict": v["verdict"],
+    }
     mine = [
         {
             "name": f"chaos.{k}",
