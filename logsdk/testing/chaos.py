@@ -197,33 +197,57 @@ def _nemesis(run: Run, broker: Any, stop: threading.Event) -> None:
         at = round(time.monotonic() - t0, 1)
         run.events.append((at, kind))
         log.warning("nemesis at %.1fs: %s", at, kind)
-        if kind == "broker_kill":
-            broker.kill()
-            stop.wait(rng.uniform(1.0, 3.0))
-            broker.restart()
-        elif kind == "broker_pause":
-            broker.pause()
-            stop.wait(rng.uniform(2.0, 5.0))
-            broker.resume()
-        elif kind == "net_cut":
-            broker.cut()
-            stop.wait(rng.uniform(2.0, 6.0))
-            broker.heal()
-        elif kind == "spool_fill":
-            broker.cut()  # long enough for the small spool to reach its cap
-            stop.wait(4.0)
-            broker.heal()
-        elif kind == "producer_kill":
-            victim = rng.choice([p for p in run.producers if p.killable])
-            victim.kill()
-            victim.restarts += 1
-            victim.start(run.work)
-        elif kind == "consumer_kill":
-            victim = rng.choice(run.consumers)
-            victim.kill()
-            stop.wait(rng.uniform(0.5, 2.0))
-            victim.restarts += 1
-            victim.start(run.work)
+        try:
+            if kind == "broker_kill":
+                broker.kill()
+                stop.wait(rng.uniform(1.0, 3.0))
+                _ensure_broker(broker)
+            elif kind == "broker_pause":
+                broker.pause()
+                stop.wait(rng.uniform(2.0, 5.0))
+                broker.resume()
+            elif kind == "net_cut":
+                broker.cut()
+                stop.wait(rng.uniform(2.0, 6.0))
+                broker.heal()
+            elif kind == "spool_fill":
+                broker.cut()  # long enough for the small spool to reach its cap
+                stop.wait(4.0)
+                broker.heal()
+            elif kind == "producer_kill":
+                victim = rng.choice([p for p in run.producers if p.killable])
+                victim.kill()
+                victim.restarts += 1
+                victim.start(run.work)
+            elif kind == "consumer_kill":
+                victim = rng.choice(run.consumers)
+                victim.kill()
+                stop.wait(rng.uniform(0.5, 2.0))
+                victim.restarts += 1
+                victim.start(run.work)
+        except Exception as exc:  # a fault that failed must not end the nemesis
+            log.error("nemesis %s failed: %s", kind, exc)
+            with contextlib.suppress(Exception):
+                broker.heal()
+            _ensure_broker(broker)
+
+
+def _ensure_broker(broker: Any, attempts: int = 5) -> None:
+    """Make sure the broker runs and answers: a restart can fail on a loaded machine, and
+    a nemesis that stopped there would leave the rest of the run without a broker."""
+    for attempt in range(1, attempts + 1):
+        try:
+            if broker.is_paused:
+                broker.resume()
+            if not broker.is_running():
+                broker.restart()
+            return
+        except Exception as exc:  # BrokerStartError and the like: say so, try again
+            log.error("broker restart failed (attempt %d/%d): %s", attempt, attempts, exc)
+            with contextlib.suppress(Exception):
+                broker.kill()
+            time.sleep(2.0)
+    raise RuntimeError(f"the broker did not come back after {attempts} restarts")
 
 
 def _expected(
@@ -337,11 +361,8 @@ def chaos(
         nemesis.join(30)
         # Heal everything, let producers close (they flush and spool what is left).
         with contextlib.suppress(Exception):
-            broker.resume()
-        with contextlib.suppress(Exception):
             broker.heal()
-        if not broker.is_running():
-            broker.restart()
+        _ensure_broker(broker)
         stopfile.touch()
         for p in run.producers:
             assert p.popen is not None
