@@ -36,6 +36,15 @@ def _replica_index(first: int, second_shift: int, replica: int, n: int) -> int:
     return (first + shift) % n
 
 
+def _start_and_shift(n: int, start_index: int | None, shift: int | None) -> tuple[int, int]:
+    """Kafka's starting broker index and nextReplicaShift: given, or drawn in ``[0, n)``."""
+    start = random.randrange(n) if start_index is None else start_index
+    next_shift = random.randrange(n) if shift is None else shift
+    if start < 0 or next_shift < 0:
+        raise PlacementError("start_index and shift must be >= 0")
+    return start, next_shift
+
+
 def kafka_assignment(
     broker_ids: list[int],
     partitions: int,
@@ -58,10 +67,7 @@ def kafka_assignment(
     ids = list(broker_ids)
     _check(ids, partitions, replication_factor)
     n = len(ids)
-    start = random.randrange(n) if start_index is None else start_index
-    next_shift = random.randrange(n) if shift is None else shift
-    if start < 0 or next_shift < 0:
-        raise PlacementError("start_index and shift must be >= 0")
+    start, next_shift = _start_and_shift(n, start_index, shift)
     out: dict[int, list[int]] = {}
     current = max(0, start_partition)
     for _ in range(partitions):
@@ -111,10 +117,7 @@ def kafka_rack_assignment(
     _check(arranged, partitions, replication_factor)
     n = len(arranged)
     n_racks = len(set(broker_racks.values()))
-    start = random.randrange(n) if start_index is None else start_index
-    next_shift = random.randrange(n) if shift is None else shift
-    if start < 0 or next_shift < 0:
-        raise PlacementError("start_index and shift must be >= 0")
+    start, next_shift = _start_and_shift(n, start_index, shift)
     out: dict[int, list[int]] = {}
     current = max(0, start_partition)
     for _ in range(partitions):
