@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import socket
-import threading
 from collections.abc import Mapping
 from typing import Any
 
+from logsdk.integrations._sender import JsonSender
 from logsdk.producer import LogProducer
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
@@ -67,42 +65,39 @@ class KafkaHandler(logging.Handler):
         **producer_kwargs: Any,
     ) -> None:
         super().__init__(level)
-        if producer is None:
-            producer_kwargs.setdefault("max_block_s", max_block_s)
-            producer = LogProducer(**producer_kwargs)
-            self._owned = True
-        else:
-            self._owned = False
-        self.producer = producer
-        self.static_fields = dict(static_fields or {})
-        self.host = socket.gethostname()
-        self.dropped = 0
-        self._busy = threading.local()
+        # Owning or borrowing the producer, JSON, the re-entrancy guard and the drop
+        # count are the same for every adapter: JsonSender does them.
+        self._sender = JsonSender(
+            producer,
+            static_fields=static_fields,
+            max_block_s=max_block_s,
+            producer_kwargs=producer_kwargs,
+        )
+        self.producer = self._sender.producer
         self.addFilter(lambda r: not r.name.startswith("logsdk"))
+
+    @property
+    def dropped(self) -> int:
+        """Records that could not be serialised or sent."""
+        return self._sender.dropped
 
     def emit(self, record: logging.LogRecord) -> None:
         """Serialise and send one record; failures are counted, never raised."""
-        if getattr(self._busy, "on", False):
-            return  # a log call made while sending: never recurse into ourselves
-        self._busy.on = True
         try:
-            doc = record_to_dict(record, self.host, self.static_fields)
-            value = json.dumps(doc, default=str, ensure_ascii=False).encode()
-            self.producer.send(value, key=record.name)
+            doc = record_to_dict(record, self._sender.host, {})
         except Exception:
-            self.dropped += 1
-        finally:
-            self._busy.on = False
+            self._sender.dropped += 1
+            return
+        self._sender.send(doc, key=record.name)
 
     def flush(self) -> None:
         """Wait (bounded) until sent records are acknowledged or spooled."""
-        self.producer.flush(timeout=10.0)
+        self._sender.flush(timeout=10.0)
 
     def close(self) -> None:
         """Close the producer if this handler created it."""
         try:
-            if self._owned:
-                self.producer.close()
+            self._sender.close()
         finally:
             super().close()
 
