@@ -45,6 +45,7 @@ import os
 import re
 import stat
 import struct
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -134,6 +135,9 @@ class ShmRing:
         self._order: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end)
         self._topics: dict[str, bytes] = {}
         self._puts = 0
+        # settle() (any thread) and the tail's advance (the writer) take this lock, so a
+        # slot's settled flag is written before its space can be reused, never after.
+        self._settle_lock = threading.Lock()
         self.recovered: list[Row] = []  # unsettled records a dead owner left behind
         self.corrupt = 0  # corrupt regions skipped while reading them
         self.n_recovered = 0  # records moved to the spool at attach
@@ -207,7 +211,7 @@ class ShmRing:
                     ring._mm.close()
                     raise
                 start = ring._head
-            elif not blank:
+            elif not blank and magic != bytes(8):
                 raise ShmError(
                     f"shared memory segment {name} is not a logsdk ring; remove it "
                     f"(logsdk shm remove {name}) or pick another shm_name"
@@ -237,6 +241,7 @@ class ShmRing:
         make it ready for writing, at the requested capacity, owned by this process."""
         capacity = self._capacity_wanted
         if capacity != self.capacity:
+            self._mm[0:8] = bytes(8)  # uninitialised until the new header is complete
             self._mm.close()
             try:
                 os.ftruncate(self._shm.fd, HEADER_SIZE + capacity)
@@ -248,13 +253,16 @@ class ShmRing:
         start = (self._start + 7) // 8 * 8
         mm = self._mm
         d = self._spool_dir.encode()[:_DIR_MAX]
+        # The magic is written last: a crash before it leaves a segment that reads as not
+        # yet initialised (magic all zero), which the next attach initialises again.
         _HDR.pack_into(
-            mm, 0, MAGIC, VERSION, HEADER_SIZE, self.capacity, os.getpid(), 0, 0,
+            mm, 0, bytes(8), VERSION, HEADER_SIZE, self.capacity, os.getpid(), 0, 0,
             self._producer_id.encode()[:32], len(d),
         )  # fmt: skip
         mm[_DIR_OFF : _DIR_OFF + len(d)] = d
         self._publish_tail(start)
         _SLOTS.pack_into(mm, _HEAD_OFF, start, start ^ _MASK, start, start ^ _MASK)
+        mm[0:8] = MAGIC
         self._head = start
         self._open.clear()
         self._order.clear()
@@ -354,16 +362,18 @@ class ShmRing:
 
     def settle(self, seq: int) -> None:
         """The record ``seq`` is acknowledged or committed to the spool: free its slot."""
-        b = self._open.pop(seq, None)
-        if b is not None and not self.closed:
-            self._mm[b + 8] = 1  # a recovering reader skips it (fewer duplicates)
+        with self._settle_lock:
+            b = self._open.pop(seq, None)
+            if b is not None and not self.closed:
+                self._mm[b + 8] = 1  # a recovering reader skips it (fewer duplicates)
 
     def _advance(self) -> None:
         """Move the tail past the settled frames at its end (caller serialises with put)."""
         order, open_ = self._order, self._open
         tail = self._tail
-        while order and order[0][0] not in open_:
-            tail = order.popleft()[1]
+        with self._settle_lock:  # a settle() between its pop and its flag write ends first
+            while order and order[0][0] not in open_:
+                tail = order.popleft()[1]
         if not order:
             tail = self._head
         if tail != self._tail:

@@ -6,8 +6,9 @@ import contextlib
 import mmap
 import os
 import stat
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import posix_ipc
@@ -159,6 +160,52 @@ def test_corrupt_frames_are_counted_and_skipped_never_hiding_later_ones(
         again.close(unlink=True)
 
 
+class _SwitchAfterPop(dict[int, int]):
+    """The ring's open-slot map, running ``hook`` right after a pop: the thread switch
+    that lets a writer run between ``settle()`` taking a slot and flagging it."""
+
+    hook: Callable[[], None] | None = None
+
+    def pop(self, key: int, *default: int) -> int:  # type: ignore[override]
+        value = super().pop(key, *default)
+        if self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        return value
+
+
+def test_settle_racing_a_writer_never_flags_the_record_that_reuses_its_slot(
+    name: str, tmp_path: Path
+) -> None:
+    """A full ring; settle(0) is interrupted after taking slot 0 and a writer thread puts
+    record 512 in the space it frees. The writer must wait for settle's flag write: were
+    the flag written into the new frame, record 512 would be read back as settled (lost)."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    frame = ("topic", b"k", b"v" * 68, None, 1, 0)  # a 128-byte frame: 512 fill the ring
+    for i in range(CAP // 128):
+        assert ring.put((*frame[:5], i))
+    assert not ring.put((*frame[:5], 512))  # full
+    hooked = _SwitchAfterPop(ring._open)
+    ring._open = hooked
+    writer = threading.Thread(target=lambda: ring.put((*frame[:5], 512)))
+
+    def switch() -> None:
+        writer.start()
+        writer.join(0.5)  # the writer runs now if nothing holds it back
+
+    hooked.hook = switch
+    ring.settle(0)
+    writer.join(10)
+    assert ring.pending == 512
+    crash(ring)
+    again = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        assert again.corrupt == 0
+        assert [r[5] for r in again.recovered] == [*range(1, 512), 512]
+    finally:
+        again.close(unlink=True)
+
+
 def test_settled_records_are_not_read_back(name: str, tmp_path: Path) -> None:
     """Records acknowledged out of order (several partitions) are not resent after a crash."""
     ring = ShmRing.attach(name, CAP, PID, tmp_path)
@@ -239,3 +286,23 @@ def test_not_a_ring_is_refused(name: str, tmp_path: Path) -> None:
     shm.close_fd()
     with pytest.raises(ShmError, match="not a logsdk ring"):
         ShmRing.attach(name, CAP, PID, tmp_path)
+
+
+def test_crash_while_initialising_leaves_a_segment_the_next_attach_initialises(
+    name: str, tmp_path: Path
+) -> None:
+    """The magic is written last: a segment whose header is half written (magic still
+    zero, indexes unset) is taken as never initialised, not as a ring full of garbage."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    crash(ring)
+    shm = posix_ipc.SharedMemory(name, 0)
+    with mmap.mmap(shm.fd, HEADER_SIZE + CAP) as mm:
+        mm[:8] = bytes(8)
+        mm[HEAD_SLOTS : HEAD_SLOTS + 64] = bytes(64)  # head and tail never written
+    shm.close_fd()
+    again = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        assert (again.recovered, again.corrupt) == ([], 0)
+        assert again.put(rec(1))
+    finally:
+        again.close(unlink=True)
