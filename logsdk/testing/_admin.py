@@ -110,7 +110,8 @@ def read_topic(
             if now > deadline:
                 raise BrokerError(
                     f"read_topic({topic!r}) timed out after {timeout}s with {len(out)} "
-                    f"records; partitions at end: {sorted(at_end)} of {parts}"
+                    f"records; partitions at end: {sorted(at_end)} of {parts}; "
+                    f"{_where(consumer, topic, parts)}"
                 )
             if len(at_end) == len(parts):
                 if quiet_until is None:
@@ -129,3 +130,16 @@ def read_topic(
                     raise BrokerError(f"read_topic({topic!r}): {err}")
     finally:
         consumer.close()
+
+
+def _where(consumer: Consumer, topic: str, parts: list[int]) -> str:
+    """Each partition's read position against its log end, for a stalled read's error."""
+    out = []
+    try:
+        positions = consumer.position([TopicPartition(topic, p) for p in parts])
+        for tp in positions:
+            low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+            out.append(f"p{tp.partition} at {tp.offset} of [{low}, {high})")
+    except KafkaException as exc:
+        out.append(f"positions unavailable: {exc}")
+    return ", ".join(out)
