@@ -79,12 +79,14 @@ def read_topic(
     timeout: float = 60.0,
     idle: float = 0.0,
     extra_config: Mapping[str, str | int | float | bool] | None = None,
+    stall_timeout: float | None = None,
 ) -> list[Message]:
     """Every record of ``topic`` from the beginning to the current end of each partition.
 
     Reads with ``assign`` (no consumer group, no commit) until each partition reports
     end-of-partition; ``idle`` keeps reading that many extra seconds after that, for
-    records still on their way. Raises :class:`BrokerError` past ``timeout``.
+    records still on their way. Raises :class:`BrokerError` past ``timeout``, or once no
+    record arrived for ``stall_timeout`` seconds (a slow read that progresses goes on).
     """
     conf: ClientConfig = {
         "bootstrap.servers": bootstrap_servers,
@@ -105,11 +107,14 @@ def read_topic(
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout
         quiet_until: float | None = None
+        last_record = time.monotonic()
         while True:
             now = time.monotonic()
-            if now > deadline:
+            stalled = stall_timeout is not None and now - last_record > stall_timeout
+            if now > deadline or stalled:
+                why = f"no record for {stall_timeout}s" if stalled else f"after {timeout}s"
                 raise BrokerError(
-                    f"read_topic({topic!r}) timed out after {timeout}s with {len(out)} "
+                    f"read_topic({topic!r}) timed out ({why}) with {len(out)} "
                     f"records; partitions at end: {sorted(at_end)} of {parts}; "
                     f"{_where(consumer, topic, parts)}"
                 )
@@ -122,6 +127,7 @@ def read_topic(
                 err = msg.error()
                 if err is None:
                     out.append(msg)
+                    last_record = now
                     at_end.discard(msg.partition() or 0)
                     quiet_until = None
                 elif err.code() == KafkaError._PARTITION_EOF:

@@ -57,6 +57,9 @@ def _producer_child(args: argparse.Namespace) -> int:
     from logsdk import LogProducer
 
     kw: dict[str, Any] = dict(FAST)
+    # Batches of ~40 records rather than a handful: the durable broker stores each batch
+    # as one S3 object, and the checker and consumers read them back one object at a time.
+    kw["kafka_config"] = {**kw["kafka_config"], "linger.ms": 50}
     if args.max_in_flight:
         kw["kafka_config"] = {
             **kw["kafka_config"],
@@ -380,7 +383,9 @@ def chaos(
         all_dropped = sum(dropped.values())
         # What reached Kafka, read once the producers are done: the consumers must store
         # all of it. Waiting on this (not on a count) tells a slow consumer from a loss.
-        msgs = read_topic(broker.bootstrap_servers, TOPIC, timeout=300)
+        # The durable broker serves each produced batch as one object from its (moto) S3
+        # store: reading ~700k records takes minutes. Give up only when it stops moving.
+        msgs = read_topic(broker.bootstrap_servers, TOPIC, timeout=3600, stall_timeout=120)
         wire = check_delivery(msgs)
         del msgs
         in_topic = {pid: wire.seqs.get(pid, set()) & exp for pid, exp in expected.items()}
