@@ -345,10 +345,32 @@ class LogProducer:
                 rec = self._record((topic, k, v, h, timestamp, seq))
                 shm = self._shm
                 # Ring full: wait for room, or raise/drop per when_full (None: dropped).
-                if shm is not None and not shm.put(rec) and self._shm_full(rec) is None:
+                if (
+                    shm is not None
+                    and not shm.put_fields(topic, k, v, h, timestamp, seq)
+                    and self._shm_full(rec) is None
+                ):
                     return
-                if self._direct and self._produce_direct(rec):
-                    return
+                if self._direct:
+                    # _produce_rec() inlined: this is the hot path.
+                    hdrs: KHeaders = [self._pid_header, (HEADER_SEQ, b"%d" % seq)]
+                    if h:
+                        hdrs = [*h, *hdrs]
+                    try:
+                        self._client.produce(  # type: ignore[union-attr]
+                            topic,
+                            v,
+                            k,
+                            headers=hdrs,
+                            timestamp=timestamp,
+                            on_delivery=rec,  # type: ignore[arg-type]  # mypy: a tuple's __call__
+                        )
+                    except (BufferError, KafkaException) as exc:
+                        self._direct_refused(rec, exc)
+                    else:
+                        self._n_produced += 1
+                        self._n_sent += 1
+                        return
                 try:
                     self._enqueue(rec)
                 except BaseException:
@@ -361,20 +383,18 @@ class LogProducer:
                 raise
         self._wake.set()
 
-    def _produce_direct(self, rec: _Record) -> bool:
-        """send()'s fast path (caller holds _lock). False: queue the record instead."""
-        try:
-            handed = self._produce_rec(rec, rec)
-        except KafkaException as exc:  # the record itself was refused: not accepted
-            self._n_rejected += 1
-            self._errors["record_rejected"] += 1
-            self._release(rec)  # refused: not in custody
-            raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
-        if not handed:
-            self._direct = False  # full, or the client is broken: queue behind it
-            return False
-        self._n_sent += 1
-        return True
+    def _direct_refused(self, rec: Rec, exc: BufferError | KafkaException) -> None:
+        """send()'s produce raised (caller holds _lock): queue the record behind the client
+        (full, or broken: a degrade is requested), or raise when Kafka refuses the record."""
+        if isinstance(exc, KafkaException):
+            if _client.is_record_exception(exc):  # the record itself: not accepted
+                self._n_rejected += 1
+                self._errors["record_rejected"] += 1
+                self._release(rec)  # refused: not in custody
+                raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
+            self._errors["produce_error"] += 1
+            self._request_degrade(f"produce failed: {exc}")
+        self._direct = False  # full, or the client is broken: queue behind it
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every record is acknowledged or committed in the spool.
