@@ -3,7 +3,8 @@
 - producer.memory: LogProducer.send() of N records until all are acknowledged, vs a raw
   confluent-kafka Producer (idempotent, acks=all, an on_delivery callback counting
   acks, as any reliable hand-rolled wrapper needs) doing the same.
-- producer.send_p99_us: p99 duration of one send() call during the producer.memory run.
+- producer.send_p99_us: p99 duration of one send() call during the producer.memory run
+  (every 8th call is timed).
 - producer.spill: records/s into the spool while Kafka is down (send() until all are
   committed), vs a raw batched SQLite insert (executemany, 5000 rows per transaction,
   WAL, the same synchronous setting) of the same rows.
@@ -96,6 +97,11 @@ def sdk_produce(
     with LogProducer(broker.bootstrap_servers, topic, spool, **FAST) as p:
         t0 = time.perf_counter()
         for i, v in enumerate(values):
+            if i & 7:
+                p.send(v, b"%d" % (i % 64))
+                continue
+            # Every 8th call is timed: the p99 of an unbiased sample, without charging the
+            # throughput two clock reads and an append per record the raw side never pays.
             s = clock()
             p.send(v, b"%d" % (i % 64))
             samples.append(clock() - s)

@@ -23,9 +23,9 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -56,6 +56,31 @@ _SPOOL_BATCH = 5_000  # records per spool transaction
 Rec = tuple[str, bytes | None, bytes | None, Headers | None, int | None, int]
 #: Headers as confluent-kafka takes them.
 KHeaders = list[tuple[str, str | bytes | None]]
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+
+class _Record(tuple[str, bytes | None, bytes | None, Headers | None, int | None, int]):
+    """A :data:`Rec` accepted by ``send()`` that is also its own delivery callback.
+
+    librdkafka holds the callback of every record in flight, so the record itself rides
+    with it (its headers are dropped from purged reports: nothing is rebuilt from one).
+    One object per record instead of a partial, its argument tuple and a bound method:
+    with 100k records in flight, the garbage collector's work is the send path's largest
+    cost. Each producer has its own subclass that names it in ``_producer``.
+    """
+
+    __slots__ = ()
+    _producer: ClassVar[LogProducer]
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        p = self._producer
+        if err is None:  # _on_delivery()'s ack path, inlined: one call per record
+            p._n_acked += 1
+            p._last_ack = time.monotonic()
+            if p._shm is not None:
+                p._shm.settle(self[5])
+            return
+        p._on_delivery(self, err, msg)
 
 
 class State(str, enum.Enum):
@@ -188,6 +213,11 @@ class LogProducer:
         ).open()
         self.producer_id = self._spool.producer_id
         self._pid_bytes = self.producer_id.encode()
+        self._pid_header = (HEADER_PRODUCER, self._pid_bytes)
+        self._max_bytes = self.config.message_max_bytes
+        self._record: type[_Record] = type(
+            "_Record", (_Record,), {"__slots__": (), "_producer": self}
+        )
         self._seq_next = self._spool.seq_reserved
         self._seq_limit = self._seq_next + _SEQ_BLOCK
         self._spool.reserve_seq(self._seq_limit)
@@ -297,13 +327,13 @@ class LogProducer:
             raise ConfigError(f"topic must be a non-empty str, got {topic!r}")
         if timestamp is not None and (not isinstance(timestamp, int) or timestamp < 0):
             raise ConfigError(f"timestamp must be milliseconds since the epoch, got {timestamp!r}")
-        size = len(v or b"") + len(k or b"")
-        if size > self.config.message_max_bytes:
+        size = (0 if v is None else len(v)) + (0 if k is None else len(k))
+        if size > self._max_bytes:
             with self._lock:
                 self._n_rejected += 1
                 self._errors["record_too_large"] += 1
             raise RecordTooLargeError(
-                f"record of {size} bytes exceeds message_max_bytes={self.config.message_max_bytes}"
+                f"record of {size} bytes exceeds message_max_bytes={self._max_bytes}"
             )
         with self._lock:
             if self._closing:
@@ -319,12 +349,35 @@ class LogProducer:
                 if timestamp is None:
                     # Fixed now, so a record spooled and replayed keeps its creation time.
                     timestamp = int(time.time() * 1000)
-                rec: Rec = (topic, k, v, h, timestamp, seq)
+                rec = self._record((topic, k, v, h, timestamp, seq))
+                shm = self._shm
                 # Ring full: wait for room, or raise/drop per when_full (None: dropped).
-                if self._shm is not None and not self._shm.put(rec) and self._shm_full(rec) is None:
+                if (
+                    shm is not None
+                    and not shm.put_fields(topic, k, v, h, timestamp, seq)
+                    and self._shm_full(rec) is None
+                ):
                     return
-                if self._direct and self._produce_direct(rec):
-                    return
+                if self._direct:
+                    # _produce_rec() inlined: this is the hot path.
+                    hdrs: KHeaders = [self._pid_header, (HEADER_SEQ, b"%d" % seq)]
+                    if h:
+                        hdrs = [*h, *hdrs]
+                    try:
+                        self._client.produce(  # type: ignore[union-attr]
+                            topic,
+                            v,
+                            k,
+                            headers=hdrs,
+                            timestamp=timestamp,
+                            on_delivery=rec,  # type: ignore[arg-type]  # mypy: a tuple's __call__
+                        )
+                    except (BufferError, KafkaException) as exc:
+                        self._direct_refused(rec, exc)
+                    else:
+                        self._n_produced += 1
+                        self._n_sent += 1
+                        return
                 try:
                     self._enqueue(rec)
                 except BaseException:
@@ -337,20 +390,18 @@ class LogProducer:
                 raise
         self._wake.set()
 
-    def _produce_direct(self, rec: Rec) -> bool:
-        """send()'s fast path (caller holds _lock). False: queue the record instead."""
-        try:
-            handed = self._produce_rec(rec)
-        except KafkaException as exc:  # the record itself was refused: not accepted
-            self._n_rejected += 1
-            self._errors["record_rejected"] += 1
-            self._release(rec)  # refused: not in custody
-            raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
-        if not handed:
-            self._direct = False  # full, or the client is broken: queue behind it
-            return False
-        self._n_sent += 1
-        return True
+    def _direct_refused(self, rec: Rec, exc: BufferError | KafkaException) -> None:
+        """send()'s produce raised (caller holds _lock): queue the record behind the client
+        (full, or broken: a degrade is requested), or raise when Kafka refuses the record."""
+        if isinstance(exc, KafkaException):
+            if _client.is_record_exception(exc):  # the record itself: not accepted
+                self._n_rejected += 1
+                self._errors["record_rejected"] += 1
+                self._release(rec)  # refused: not in custody
+                raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
+            self._errors["produce_error"] += 1
+            self._request_degrade(f"produce failed: {exc}")
+        self._direct = False  # full, or the client is broken: queue behind it
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every record is acknowledged or committed in the spool.
@@ -826,15 +877,15 @@ class LogProducer:
             self._space.notify_all()
         return False
 
-    def _produce_rec(self, rec: Rec) -> bool:
-        """Hand one record to the client (caller holds _lock).
+    def _produce_rec(self, rec: Rec, on_delivery: _Record | DeliveryCallback) -> bool:
+        """Hand one record to the client (caller holds _lock); ``on_delivery`` carries it.
 
         True: handed over. False: not now (librdkafka's queue is full, or the client is
         broken and a degrade is requested). Raises KafkaException when librdkafka refuses
         the record itself (too large, invalid): the caller decides what that means.
         """
         topic, k, v, h, ts, seq = rec
-        hdrs: KHeaders = [(HEADER_PRODUCER, self._pid_bytes), (HEADER_SEQ, b"%d" % seq)]
+        hdrs: KHeaders = [self._pid_header, (HEADER_SEQ, b"%d" % seq)]
         if h:
             hdrs = [*h, *hdrs]
         try:
@@ -846,7 +897,7 @@ class LogProducer:
                 timestamp=ts or 0,
                 # librdkafka drops headers from the reports of purged records, so the
                 # record itself rides with its callback: nothing is rebuilt from a report.
-                on_delivery=functools.partial(self._on_delivery, rec),
+                on_delivery=on_delivery,  # type: ignore[arg-type]  # mypy: a tuple's __call__
             )
         except BufferError:
             return False
@@ -861,8 +912,9 @@ class LogProducer:
 
     def _produce_backlog_rec(self, rec: Rec) -> bool:
         """Hand an already accepted record to the client; one Kafka refuses is set aside."""
+        cb = rec if isinstance(rec, _Record) else functools.partial(self._on_delivery, rec)
         try:
-            return self._produce_rec(rec)
+            return self._produce_rec(rec, cb)
         except KafkaException as exc:
             self._errors["produce_error"] += 1
             self._n_rejected += 1

@@ -309,6 +309,18 @@ class ShmRing:
         above half the capacity).
         """
         topic, k, v, h, ts, seq = rec
+        return self.put_fields(topic, k, v, h, ts, seq)
+
+    def put_fields(
+        self,
+        topic: str,
+        k: bytes | None,
+        v: bytes | None,
+        h: Headers | None,
+        ts: int | None,
+        seq: int,
+    ) -> bool:
+        """:meth:`put` of a record given field by field (the producer's send path)."""
         tb = self._topics.get(topic)
         if tb is None:
             tb = self._topic_bytes(topic)
@@ -316,8 +328,7 @@ class ShmRing:
         kl = -1 if k is None else len(k)
         vl = -1 if v is None else len(v)
         hl = -1 if hb is None else len(hb)
-        data = tb + (k or b"") + (v or b"") + (hb or b"")
-        n = _FIXED + len(data)
+        n = _FIXED + len(tb) + (kl if kl > 0 else 0) + (vl if vl > 0 else 0) + (hl if hl > 0 else 0)
         size = (_FRAME + n + 7) & ~7
         cap = self.capacity
         pos = self._head
@@ -342,7 +353,9 @@ class ShmRing:
                 _F3.pack_into(mm, b, _PAD, zlib.crc32(pad), 0)
             pos += room
             off = 0
-        body = _BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl) + data
+        # One copy of the payload: the body is assembled once, written once, summed once.
+        body = _BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl)
+        body = b"".join((body, tb, k or b"", v or b"", hb or b""))
         b = HEADER_SIZE + off
         mm[b + 12 : b + 12 + len(body)] = body
         _F3.pack_into(mm, b, _REC, zlib.crc32(body), 0)
