@@ -258,7 +258,10 @@ class LogProducer:
                 self.config.spool_dir,
                 self._recovered_at_start,
             )
+            # No outage has been seen, so no probes to wait for (an empty spool starts
+            # ONLINE at once too): the pump starts replaying now; a failure degrades.
             self._state = State.DEGRADED
+            self._want_recover = True
         else:
             # Nothing to replay: start ONLINE and let the first failure degrade.
             self._client = self._new_client()
@@ -572,13 +575,13 @@ class LogProducer:
         self._request_degrade(f"delivery failed: {err.str()}")
 
     def _on_replay_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
-        size = self._replay_inflight.pop(rid, 0)
+        # Runs once per replayed record: the ack path only moves the id; the counters
+        # and the ack clock are updated per batch in _settle_spool.
         if err is None:
-            self._n_replayed += 1
+            self._acked_bytes += self._replay_inflight.pop(rid, 0)
             self._acked_ids.append(rid)
-            self._acked_bytes += size
-            self._last_ack = time.monotonic()
             return
+        self._replay_inflight.pop(rid, None)
         if _client.is_record_error(err):
             with self._lock:
                 self._n_rejected += 1
@@ -727,7 +730,12 @@ class LogProducer:
         self._replay_cursor = 0
         self._replay_tokens = 0.0
         self._replay_refill = time.monotonic()
-        self._set_state(State.RECOVERING, f"{self.config.recovery_probes} good probes")
+        reason = (
+            "replaying the spool left by an earlier run"
+            if self._transitions == 0
+            else f"{self.config.recovery_probes} good probes"
+        )
+        self._set_state(State.RECOVERING, reason)
         self._last_idle = time.monotonic()
 
     def _recover_step(self) -> bool:
@@ -775,21 +783,24 @@ class LogProducer:
             self._disk_alarm(exc)
             return False
         client = self._client
+        produce = client.produce
+        on_delivery = self._on_replay_delivery
+        inflight = self._replay_inflight
+        pid = self._pid_bytes
+        cursor = self._replay_cursor
         sent = 0
         for rid, topic, key, value, hblob, ts, seq, size in rows:
-            hdrs: KHeaders = [
-                *decode_headers(hblob),
-                (HEADER_PRODUCER, self._pid_bytes),
-                (HEADER_SEQ, b"%d" % seq),
-            ]
+            hdrs: KHeaders = [(HEADER_PRODUCER, pid), (HEADER_SEQ, b"%d" % seq)]
+            if hblob is not None:
+                hdrs = [*decode_headers(hblob), *hdrs]
             try:
-                client.produce(
+                produce(
                     topic,
                     value,
                     key,
                     headers=hdrs,
                     timestamp=ts or 0,
-                    on_delivery=functools.partial(self._on_replay_delivery, rid),
+                    on_delivery=functools.partial(on_delivery, rid),
                 )
             except BufferError:
                 break
@@ -797,13 +808,14 @@ class LogProducer:
                 self._errors["produce_error"] += 1
                 if _client.is_record_exception(exc):
                     self._reject_ids.append((rid, str(exc)))
-                    self._replay_cursor = rid
+                    cursor = rid
                     continue
                 self._request_degrade(f"replay produce failed: {exc}")
                 break
-            self._replay_inflight[rid] = size
-            self._replay_cursor = rid
+            inflight[rid] = size
+            cursor = rid
             sent += 1
+        self._replay_cursor = cursor
         if cfg.replay_max_rate is not None:
             self._replay_tokens -= sent
         return sent > 0
@@ -991,6 +1003,8 @@ class LogProducer:
             if self._acked_ids:
                 ids, self._acked_ids = self._acked_ids, []
                 freed, self._acked_bytes = self._acked_bytes, 0
+                self._n_replayed += len(ids)
+                self._last_ack = time.monotonic()
                 self._spool.delete(ids, freed)
             if self._spool_full and (self._spool.room() or 0) > 0:
                 self._spool_full = False

@@ -25,6 +25,7 @@ import struct
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
 
 import sqlite_utils
@@ -46,6 +47,13 @@ Row = tuple[str, bytes | None, bytes | None, bytes | None, int | None, int]
 StoredRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, int, int]
 
 Headers = list[tuple[str, bytes | None]]
+_COLUMNS = "topic, key, value, headers, ts, seq, size"
+_INSERT_ONE = f"INSERT INTO records ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+#: Rows per multi-row INSERT (7 parameters each, well under SQLite's 32766 limit).
+_INSERT_ROWS = 200
+_INSERT_MANY = f"INSERT INTO records ({_COLUMNS}) VALUES " + ",".join(
+    ["(?, ?, ?, ?, ?, ?, ?)"] * _INSERT_ROWS
+)
 _H = struct.Struct(">HI")
 _NONE = 0xFFFFFFFF
 
@@ -86,6 +94,22 @@ def decode_headers(blob: bytes | None) -> Headers:
 def row_size(row: Row) -> int:
     """Bytes a row counts against ``spool_max_bytes``."""
     return len(row[1] or b"") + len(row[2] or b"") + len(row[3] or b"") + ROW_OVERHEAD
+
+
+def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """Distinct ids as sorted runs of consecutive ids, ``(first, last)`` inclusive."""
+    ordered = sorted(set(ids))
+    if not ordered:
+        return []
+    runs: list[tuple[int, int]] = []
+    lo = hi = ordered[0]
+    for i in ordered[1:]:
+        if i != hi + 1:
+            runs.append((lo, hi))
+            lo = i
+        hi = i
+    runs.append((lo, hi))
+    return runs
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -332,13 +356,16 @@ class Spool:
         conn = self.conn
         if sizes is None:
             sizes = [row_size(r) for r in rows]
+        full = [(*r, s) for r, s in zip(rows, sizes, strict=True)]
+        n_multi = len(full) - len(full) % _INSERT_ROWS
         try:
             conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO records (topic, key, value, headers, ts, seq, size) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(*r, s) for r, s in zip(rows, sizes, strict=True)],
-            )
+            # Many rows per statement: one sqlite3_step (GIL released) inserts them all,
+            # where executemany releases and re-takes the GIL per row.
+            for i in range(0, n_multi, _INSERT_ROWS):
+                conn.execute(_INSERT_MANY, list(chain.from_iterable(full[i : i + _INSERT_ROWS])))
+            if n_multi < len(full):
+                conn.executemany(_INSERT_ONE, full[n_multi:])
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -360,35 +387,40 @@ class Spool:
             raise SpoolError(f"spool read failed: {exc}") from exc
 
     def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> None:
-        """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query."""
-        idl = list(ids)
-        if not idl:
+        """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query.
+
+        The ids are deleted as runs of consecutive ids, one ``BETWEEN`` per run: replayed
+        rows are read in id order, so the acknowledged ones are mostly a few long runs.
+        """
+        runs = id_runs(ids)
+        if not runs:
             return
+        n = sum(hi - lo + 1 for lo, hi in runs)
         conn = self.conn
-        freed = 0
         before = conn.total_changes
         try:
             conn.execute("BEGIN")
-            for i in range(0, len(idl), 500):
-                chunk = idl[i : i + 500]
-                marks = ",".join("?" * len(chunk))
-                if freed_bytes is None:
+            if freed_bytes is None:
+                freed = 0
+                for lo, hi in runs:
                     (size,) = conn.execute(
-                        f"SELECT coalesce(sum(size), 0) FROM records WHERE id IN ({marks})", chunk
+                        "SELECT coalesce(sum(size), 0) FROM records WHERE id BETWEEN ? AND ?",
+                        (lo, hi),
                     ).fetchone()
                     freed += int(size)
-                conn.execute(f"DELETE FROM records WHERE id IN ({marks})", chunk)
+                freed_bytes = freed
+            conn.executemany("DELETE FROM records WHERE id BETWEEN ? AND ?", runs)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             self._recount()
             raise SpoolError(f"spool delete failed: {exc}") from exc
-        if conn.total_changes - before != len(idl):
+        if conn.total_changes - before != n:
             self._recount()  # some rows were already gone (dropped by policy): recount
         else:
-            self.count -= len(idl)
-            self.bytes -= freed if freed_bytes is None else freed_bytes
+            self.count -= n
+            self.bytes -= freed_bytes
 
     def drop_oldest(self, need_bytes: int, after_id: int = 0) -> int:
         """Delete the oldest rows with id > ``after_id`` until ``need_bytes`` are free.
@@ -398,17 +430,25 @@ class Spool:
         """
         conn = self.conn
         dropped = freed = 0
+        last = after_id
         try:
             conn.execute("BEGIN")
-            rows = conn.execute(
-                "SELECT id, size FROM records WHERE id > ? ORDER BY id", (after_id,)
-            ).fetchall()
-            for rid, size in rows:
-                if freed >= need_bytes:
+            # Walk (id, size) lazily, oldest first, to the last row to drop; then one
+            # range DELETE. Never the whole spool in memory.
+            cur = conn.execute("SELECT id, size FROM records WHERE id > ? ORDER BY id", (after_id,))
+            while freed < need_bytes:
+                chunk = cur.fetchmany(1000)
+                if not chunk:
                     break
-                conn.execute("DELETE FROM records WHERE id = ?", (rid,))
-                dropped += 1
-                freed += int(size)
+                for rid, size in chunk:
+                    last = rid
+                    dropped += 1
+                    freed += int(size)
+                    if freed >= need_bytes:
+                        break
+            cur.close()
+            if dropped:
+                conn.execute("DELETE FROM records WHERE id > ? AND id <= ?", (after_id, last))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
