@@ -41,7 +41,15 @@ from logsdk.errors import (
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig, WhenFull
 from logsdk.shm._ring import ShmRing, open_for_producer
-from logsdk.spool._spool import Headers, Row, Spool, decode_headers, encode_headers, row_size
+from logsdk.spool._spool import (
+    Headers,
+    Row,
+    Spool,
+    decode_headers,
+    encode_headers,
+    row_size,
+    rows_bytes,
+)
 
 log = logging.getLogger("logsdk.producer")
 
@@ -916,12 +924,14 @@ class LogProducer:
 
     def _commit(self, recs: list[Rec], from_backlog: bool) -> bool:
         """Write records to the spool under the cap policy. False: not written, keep them."""
-        rows = [_row(r) for r in recs]
-        sizes = [row_size(r) for r in rows]
+        # A record without user headers is already its row (headers None): no copy.
+        rows: list[Row] = [r if r[3] is None else _row(r) for r in recs]  # type: ignore[misc]
+        total = rows_bytes(rows)
         room = self._spool.room()
         if room is not None:
-            need = sum(sizes)
+            need = total
             if need > room:
+                sizes = [row_size(r) for r in rows]
                 policy = self.config.when_full
                 if policy == "drop_oldest":
                     try:
@@ -949,14 +959,14 @@ class LogProducer:
                         with self._lock:
                             self._n_dropped += n_drop
                         log.warning("spool full: dropped %d newest record(s)", n_drop)
-                        rows, sizes = rows[:fit], sizes[:fit]
+                        rows, total = rows[:fit], used
                     else:
                         # block / raise: keep the rest in memory; send() applies the policy.
                         self._spool_full = True
                         if fit == 0:
                             return False
                         head = recs[fit:]
-                        rows, sizes = rows[:fit], sizes[:fit]
+                        rows, total = rows[:fit], used
                         if from_backlog:
                             with self._lock:
                                 self._backlog.extendleft(reversed(head))
@@ -967,7 +977,7 @@ class LogProducer:
             else:
                 self._spool_full = False
         try:
-            self._spool.append(rows, sizes)
+            self._spool.append(rows, total)
         except SpoolError as exc:
             self._disk_alarm(exc)
             return False
@@ -1000,7 +1010,13 @@ class LogProducer:
             if self._reject_ids:
                 pairs, self._reject_ids = self._reject_ids, []
                 self._spool.move_to_rejected(pairs)
-            if self._acked_ids:
+            if self._acked_ids and (
+                len(self._acked_ids) >= self.config.replay_batch
+                or not self._replay_inflight
+                or self._state is not State.RECOVERING
+            ):
+                # One DELETE transaction per replay batch, not per pump step: a page
+                # of rows is then rewritten once, not once per step that freed some.
                 ids, self._acked_ids = self._acked_ids, []
                 freed, self._acked_bytes = self._acked_bytes, 0
                 self._n_replayed += len(ids)
