@@ -41,7 +41,15 @@ from logsdk.errors import (
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig, WhenFull
 from logsdk.shm._ring import ShmRing, open_for_producer
-from logsdk.spool._spool import Headers, Row, Spool, decode_headers, encode_headers, row_size
+from logsdk.spool._spool import (
+    Headers,
+    Row,
+    Spool,
+    decode_headers,
+    encode_headers,
+    row_size,
+    rows_bytes,
+)
 
 log = logging.getLogger("logsdk.producer")
 
@@ -288,7 +296,10 @@ class LogProducer:
                 self.config.spool_dir,
                 self._recovered_at_start,
             )
+            # No outage has been seen, so no probes to wait for (an empty spool starts
+            # ONLINE at once too): the pump starts replaying now; a failure degrades.
             self._state = State.DEGRADED
+            self._want_recover = True
         else:
             # Nothing to replay: start ONLINE and let the first failure degrade.
             self._client = self._new_client()
@@ -623,13 +634,13 @@ class LogProducer:
         self._request_degrade(f"delivery failed: {err.str()}")
 
     def _on_replay_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
-        size = self._replay_inflight.pop(rid, 0)
+        # Runs once per replayed record: the ack path only moves the id; the counters
+        # and the ack clock are updated per batch in _settle_spool.
         if err is None:
-            self._n_replayed += 1
+            self._acked_bytes += self._replay_inflight.pop(rid, 0)
             self._acked_ids.append(rid)
-            self._acked_bytes += size
-            self._last_ack = time.monotonic()
             return
+        self._replay_inflight.pop(rid, None)
         if _client.is_record_error(err):
             with self._lock:
                 self._n_rejected += 1
@@ -778,7 +789,12 @@ class LogProducer:
         self._replay_cursor = 0
         self._replay_tokens = 0.0
         self._replay_refill = time.monotonic()
-        self._set_state(State.RECOVERING, f"{self.config.recovery_probes} good probes")
+        reason = (
+            "replaying the spool left by an earlier run"
+            if self._transitions == 0
+            else f"{self.config.recovery_probes} good probes"
+        )
+        self._set_state(State.RECOVERING, reason)
         self._last_idle = time.monotonic()
 
     def _recover_step(self) -> bool:
@@ -826,21 +842,24 @@ class LogProducer:
             self._disk_alarm(exc)
             return False
         client = self._client
+        produce = client.produce
+        on_delivery = self._on_replay_delivery
+        inflight = self._replay_inflight
+        pid = self._pid_bytes
+        cursor = self._replay_cursor
         sent = 0
         for rid, topic, key, value, hblob, ts, seq, size in rows:
-            hdrs: KHeaders = [
-                *decode_headers(hblob),
-                (HEADER_PRODUCER, self._pid_bytes),
-                (HEADER_SEQ, b"%d" % seq),
-            ]
+            hdrs: KHeaders = [(HEADER_PRODUCER, pid), (HEADER_SEQ, b"%d" % seq)]
+            if hblob is not None:
+                hdrs = [*decode_headers(hblob), *hdrs]
             try:
-                client.produce(
+                produce(
                     topic,
                     value,
                     key,
                     headers=hdrs,
                     timestamp=ts or 0,
-                    on_delivery=functools.partial(self._on_replay_delivery, rid),
+                    on_delivery=functools.partial(on_delivery, rid),
                 )
             except BufferError:
                 break
@@ -848,13 +867,14 @@ class LogProducer:
                 self._errors["produce_error"] += 1
                 if _client.is_record_exception(exc):
                     self._reject_ids.append((rid, str(exc)))
-                    self._replay_cursor = rid
+                    cursor = rid
                     continue
                 self._request_degrade(f"replay produce failed: {exc}")
                 break
-            self._replay_inflight[rid] = size
-            self._replay_cursor = rid
+            inflight[rid] = size
+            cursor = rid
             sent += 1
+        self._replay_cursor = cursor
         if cfg.replay_max_rate is not None:
             self._replay_tokens -= sent
         return sent > 0
@@ -956,12 +976,14 @@ class LogProducer:
 
     def _commit(self, recs: list[Rec], from_backlog: bool) -> bool:
         """Write records to the spool under the cap policy. False: not written, keep them."""
-        rows = [_row(r) for r in recs]
-        sizes = [row_size(r) for r in rows]
+        # A record without user headers is already its row (headers None): no copy.
+        rows: list[Row] = [r if r[3] is None else _row(r) for r in recs]  # type: ignore[misc]
+        total = rows_bytes(rows)
         room = self._spool.room()
         if room is not None:
-            need = sum(sizes)
+            need = total
             if need > room:
+                sizes = [row_size(r) for r in rows]
                 policy = self.config.when_full
                 if policy == "drop_oldest":
                     try:
@@ -989,14 +1011,14 @@ class LogProducer:
                         with self._lock:
                             self._n_dropped += n_drop
                         log.warning("spool full: dropped %d newest record(s)", n_drop)
-                        rows, sizes = rows[:fit], sizes[:fit]
+                        rows, total = rows[:fit], used
                     else:
                         # block / raise: keep the rest in memory; send() applies the policy.
                         self._spool_full = True
                         if fit == 0:
                             return False
                         head = recs[fit:]
-                        rows, sizes = rows[:fit], sizes[:fit]
+                        rows, total = rows[:fit], used
                         if from_backlog:
                             with self._lock:
                                 self._backlog.extendleft(reversed(head))
@@ -1007,7 +1029,7 @@ class LogProducer:
             else:
                 self._spool_full = False
         try:
-            self._spool.append(rows, sizes)
+            self._spool.append(rows, total)
         except SpoolError as exc:
             self._disk_alarm(exc)
             return False
@@ -1040,9 +1062,17 @@ class LogProducer:
             if self._reject_ids:
                 pairs, self._reject_ids = self._reject_ids, []
                 self._spool.move_to_rejected(pairs)
-            if self._acked_ids:
+            if self._acked_ids and (
+                len(self._acked_ids) >= self.config.replay_batch
+                or not self._replay_inflight
+                or self._state is not State.RECOVERING
+            ):
+                # One DELETE transaction per replay batch, not per pump step: a page
+                # of rows is then rewritten once, not once per step that freed some.
                 ids, self._acked_ids = self._acked_ids, []
                 freed, self._acked_bytes = self._acked_bytes, 0
+                self._n_replayed += len(ids)
+                self._last_ack = time.monotonic()
                 self._spool.delete(ids, freed)
             if self._spool_full and (self._spool.room() or 0) > 0:
                 self._spool_full = False

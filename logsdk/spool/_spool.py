@@ -25,6 +25,7 @@ import struct
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
 
 import sqlite_utils
@@ -46,6 +47,24 @@ Row = tuple[str, bytes | None, bytes | None, bytes | None, int | None, int]
 StoredRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, int, int]
 
 Headers = list[tuple[str, bytes | None]]
+_COLUMNS = "topic, key, value, headers, ts, seq, size"
+
+
+def _values_sql(j: int) -> str:
+    """Row ``j`` of a multi-row INSERT: its 6 parameters, and its size computed from them."""
+    b = 6 * j
+    size = " + ".join(f"ifnull(length(?{b + c}), 0)" for c in (2, 3, 4))
+    return f"(?{b + 1}, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?{b + 5}, ?{b + 6}, {ROW_OVERHEAD} + {size})"
+
+
+def _insert_sql(n: int) -> str:
+    return f"INSERT INTO records ({_COLUMNS}) VALUES " + ", ".join(_values_sql(j) for j in range(n))
+
+
+#: Rows per multi-row INSERT, largest first (6 parameters a row: 1000 rows stay under
+#: SQLite's default limit of 32766 parameters; a build with a lower one skips them).
+_INSERT_CHUNKS = (1000, 100, 10)
+_INSERT_ONE = _insert_sql(1)
 _H = struct.Struct(">HI")
 _NONE = 0xFFFFFFFF
 
@@ -88,6 +107,35 @@ def row_size(row: Row) -> int:
     return len(row[1] or b"") + len(row[2] or b"") + len(row[3] or b"") + ROW_OVERHEAD
 
 
+def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """Distinct ids as sorted runs of consecutive ids, ``(first, last)`` inclusive."""
+    ordered = sorted(set(ids))
+    if not ordered:
+        return []
+    runs: list[tuple[int, int]] = []
+    lo = hi = ordered[0]
+    for i in ordered[1:]:
+        if i != hi + 1:
+            runs.append((lo, hi))
+            lo = i
+        hi = i
+    runs.append((lo, hi))
+    return runs
+
+
+def rows_bytes(rows: Sequence[Row]) -> int:
+    """``sum(row_size(r) for r in rows)``, transposing the rows in C instead of a loop."""
+    if not rows:
+        return 0
+    _, keys, values, headers, _, _ = zip(*rows, strict=True)
+    return (
+        sum(map(len, filter(None, keys)))
+        + sum(map(len, filter(None, values)))
+        + sum(map(len, filter(None, headers)))
+        + ROW_OVERHEAD * len(rows)
+    )
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """True for SQLITE_FULL / ENOSPC-style errors."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -123,6 +171,7 @@ class Spool:
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._state: dict[str, object] = {}
+        self._chunks: list[tuple[int, str]] = []
 
     # -- open / close --------------------------------------------------------------------
 
@@ -246,6 +295,9 @@ class Spool:
             conn.close()
             raise
         self.count, self.bytes = int(count), int(total)
+        getlimit = getattr(conn, "getlimit", None)  # Python >= 3.11; else assume the old 999
+        limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else 999
+        self._chunks = [(c, _insert_sql(c)) for c in _INSERT_CHUNKS if 6 * c <= limit]
         return conn
 
     def _move_aside(self) -> Path:
@@ -322,30 +374,36 @@ class Spool:
         """Bytes left under ``max_bytes`` (None: no cap)."""
         return None if self.max_bytes is None else max(0, self.max_bytes - self.bytes)
 
-    def append(self, rows: Sequence[Row], sizes: Sequence[int] | None = None) -> None:
+    def append(self, rows: Sequence[Row], total_bytes: int | None = None) -> None:
         """Commit ``rows`` in one transaction; on error nothing is committed.
 
-        ``sizes`` (each row's :func:`row_size`), when the caller has them, saves a pass.
+        ``total_bytes`` (:func:`rows_bytes` of ``rows``), when the caller has it, saves a
+        pass. Each row's ``size`` column is computed by SQLite from the row itself.
         """
         if not rows:
             return
         conn = self.conn
-        if sizes is None:
-            sizes = [row_size(r) for r in rows]
+        n = len(rows)
         try:
             conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO records (topic, key, value, headers, ts, seq, size) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(*r, s) for r, s in zip(rows, sizes, strict=True)],
-            )
+            # Many rows per statement: one sqlite3_step (the GIL released) inserts them
+            # all, where executemany releases and re-takes the GIL per row (a sender
+            # thread then holds it up to a switch interval each time); the parameters
+            # are the rows' own fields, flattened in C (no tuple built per row).
+            i = 0
+            for size, sql in self._chunks:
+                while n - i >= size:
+                    conn.execute(sql, list(chain.from_iterable(rows[i : i + size])))
+                    i += size
+            if i < n:
+                conn.executemany(_INSERT_ONE, rows[i:])
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise SpoolError(f"spool write failed: {exc}") from exc
-        self.count += len(rows)
-        self.bytes += sum(sizes)
+        self.count += n
+        self.bytes += rows_bytes(rows) if total_bytes is None else total_bytes
 
     def read_after(self, after_id: int, limit: int) -> list[StoredRow]:
         """Up to ``limit`` rows with id > ``after_id``, oldest first."""
@@ -360,35 +418,40 @@ class Spool:
             raise SpoolError(f"spool read failed: {exc}") from exc
 
     def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> None:
-        """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query."""
-        idl = list(ids)
-        if not idl:
+        """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query.
+
+        The ids are deleted as runs of consecutive ids, one ``BETWEEN`` per run: replayed
+        rows are read in id order, so the acknowledged ones are mostly a few long runs.
+        """
+        runs = id_runs(ids)
+        if not runs:
             return
+        n = sum(hi - lo + 1 for lo, hi in runs)
         conn = self.conn
-        freed = 0
         before = conn.total_changes
         try:
             conn.execute("BEGIN")
-            for i in range(0, len(idl), 500):
-                chunk = idl[i : i + 500]
-                marks = ",".join("?" * len(chunk))
-                if freed_bytes is None:
+            if freed_bytes is None:
+                freed = 0
+                for lo, hi in runs:
                     (size,) = conn.execute(
-                        f"SELECT coalesce(sum(size), 0) FROM records WHERE id IN ({marks})", chunk
+                        "SELECT coalesce(sum(size), 0) FROM records WHERE id BETWEEN ? AND ?",
+                        (lo, hi),
                     ).fetchone()
                     freed += int(size)
-                conn.execute(f"DELETE FROM records WHERE id IN ({marks})", chunk)
+                freed_bytes = freed
+            conn.executemany("DELETE FROM records WHERE id BETWEEN ? AND ?", runs)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             self._recount()
             raise SpoolError(f"spool delete failed: {exc}") from exc
-        if conn.total_changes - before != len(idl):
+        if conn.total_changes - before != n:
             self._recount()  # some rows were already gone (dropped by policy): recount
         else:
-            self.count -= len(idl)
-            self.bytes -= freed if freed_bytes is None else freed_bytes
+            self.count -= n
+            self.bytes -= freed_bytes
 
     def drop_oldest(self, need_bytes: int, after_id: int = 0) -> int:
         """Delete the oldest rows with id > ``after_id`` until ``need_bytes`` are free.
@@ -398,17 +461,25 @@ class Spool:
         """
         conn = self.conn
         dropped = freed = 0
+        last = after_id
         try:
             conn.execute("BEGIN")
-            rows = conn.execute(
-                "SELECT id, size FROM records WHERE id > ? ORDER BY id", (after_id,)
-            ).fetchall()
-            for rid, size in rows:
-                if freed >= need_bytes:
+            # Walk (id, size) lazily, oldest first, to the last row to drop; then one
+            # range DELETE. Never the whole spool in memory.
+            cur = conn.execute("SELECT id, size FROM records WHERE id > ? ORDER BY id", (after_id,))
+            while freed < need_bytes:
+                chunk = cur.fetchmany(1000)
+                if not chunk:
                     break
-                conn.execute("DELETE FROM records WHERE id = ?", (rid,))
-                dropped += 1
-                freed += int(size)
+                for rid, size in chunk:
+                    last = rid
+                    dropped += 1
+                    freed += int(size)
+                    if freed >= need_bytes:
+                        break
+            cur.close()
+            if dropped:
+                conn.execute("DELETE FROM records WHERE id > ? AND id <= ?", (after_id, last))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
