@@ -399,7 +399,9 @@ class LogProducer:
                 if self._seq_next == seq + 1:
                     self._seq_next = seq
                 raise
-        self._wake.set()
+        wake = self._wake
+        if not wake.is_set():  # set() takes a lock each time; the pump clears before a step
+            wake.set()
 
     def _direct_refused(self, rec: Rec, exc: BufferError | KafkaException) -> None:
         """send()'s produce raised (caller holds _lock): queue the record behind the client
