@@ -108,6 +108,10 @@ class LogConsumer:
         config.setdefault("auto.offset.reset", "earliest")
         # librdkafka's own prefetch buffer counts towards memory too: keep it within the bound.
         config.setdefault("queued.max.messages.kbytes", max(1024, min(65536, queue_bytes // 2048)))
+        # Once that buffer is over its threshold librdkafka postpones the partition's next
+        # fetch by this much (default 1 s): longer than the workers take to drain it, which
+        # left the consumer idle for most of a second at a time.
+        config.setdefault("fetch.queue.backoff.ms", 20)
         if ordering not in ORDERINGS:
             raise ConfigError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
         if semantics not in SEMANTICS:
