@@ -111,7 +111,7 @@ class LogConsumer:
         # Once that buffer is over its threshold librdkafka postpones the partition's next
         # fetch by this much (default 1 s): longer than the workers take to drain it, which
         # left the consumer idle for most of a second at a time.
-        config.setdefault("fetch.queue.backoff.ms", 20)
+        config.setdefault("fetch.queue.backoff.ms", 100)
         if ordering not in ORDERINGS:
             raise ConfigError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
         if semantics not in SEMANTICS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from itertools import groupby
 from typing import Any
 
 from confluent_kafka import (
@@ -29,12 +30,71 @@ from logsdk.errors import ConsumerError, DeadLetterError
 
 log = logging.getLogger("logsdk.consumer")
 
+_msg_error = Message.error
+_msg_partition = Message.partition
+_msg_topic = Message.topic
+_msg_offset = Message.offset
+_msg_key = Message.key
+
 #: Called on assignment; may return where to start: ``{tp: offset}`` (None: per
 #: ``auto.offset.reset``); partitions left out start at the committed offset.
 AssignCallback = Callable[[list[TopicPartition]], "dict[TopicPartition, int | None]"]
 
 # Errors that librdkafka recovers from by itself; counted and logged, never fatal.
 _QUIET = {KafkaError._PARTITION_EOF}
+
+
+def to_records(msgs: list[Message]) -> list[Record]:
+    """Convert fetched messages to :class:`Record` (what a handler sees)."""
+    out: list[Record] = []
+    append = out.append
+    for m in msgs:
+        ts_type, ts = m.timestamp()
+        append(
+            Record(
+                m.topic(),  # type: ignore[arg-type]
+                m.partition(),  # type: ignore[arg-type]
+                m.offset(),  # type: ignore[arg-type]
+                m.key(),
+                m.value(),
+                m.headers() or [],  # type: ignore[arg-type]
+                None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+            )
+        )
+    return out
+
+
+def message_bytes(msgs: list[Message]) -> int:
+    """Bytes of the values and keys of ``msgs`` (what the queue's byte bound counts)."""
+    nbytes = sum(map(len, msgs))  # len(Message) is the length of its value (0 if None)
+    keys = list(map(_msg_key, msgs))
+    nones = keys.count(None)
+    if nones == 0:
+        nbytes += sum(map(len, keys))  # type: ignore[arg-type]
+    elif nones != len(keys):
+        nbytes += sum(len(k) for k in keys if k is not None)
+    return nbytes
+
+
+class Run:
+    """Consecutive fetched messages of one partition, in offset order."""
+
+    __slots__ = ("first", "last", "msgs", "nbytes", "tp")
+
+    def __init__(self, tp: TopicPartition, msgs: list[Message]) -> None:
+        self.tp = tp
+        self.msgs = msgs
+        self.first: int = msgs[0].offset()  # type: ignore[assignment]
+        self.last: int = msgs[-1].offset()  # type: ignore[assignment]
+        self.nbytes = message_bytes(msgs)
+
+    def offsets(self) -> list[int]:
+        """Every message's offset (only needed when some must be filtered out)."""
+        return list(map(_msg_offset, self.msgs))  # type: ignore[arg-type]
+
+    def select(self, indexes: list[int]) -> Run:
+        """The run of the messages at ``indexes`` (ascending, not empty)."""
+        return Run(self.tp, [self.msgs[i] for i in indexes])
 
 
 class KafkaConsumerClient:
@@ -95,32 +155,41 @@ class KafkaConsumerClient:
 
     # -- fetching -----------------------------------------------------------------------
 
-    def poll(self, max_records: int, timeout: float) -> list[Record]:
-        """Up to ``max_records`` records; non-fatal errors are counted, fatal ones raise."""
+    def poll(self, max_records: int, timeout: float) -> list[Run]:
+        """Up to ``max_records`` records, as runs of consecutive records of one partition.
+
+        Non-fatal errors are counted, fatal ones raise. The per-record work is done by
+        C-level ``map`` calls; messages become :class:`Record` only when a handler
+        reads them (:func:`to_records`).
+        """
         try:
             msgs = self._consumer.consume(max_records, timeout)
         except KafkaException as exc:
             raise ConsumerError(f"consume failed: {exc}") from exc
-        out: list[Record] = []
-        append = out.append
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                self._error(err)
-                continue
-            ts_type, ts = m.timestamp()
-            append(
-                Record(
-                    m.topic(),  # type: ignore[arg-type]
-                    m.partition(),  # type: ignore[arg-type]
-                    m.offset(),  # type: ignore[arg-type]
-                    m.key(),
-                    m.value(),
-                    m.headers() or [],  # type: ignore[arg-type]
-                    None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-                )
-            )
-        return out
+        if not msgs:
+            return []
+        errors = list(map(_msg_error, msgs))
+        if errors.count(None) != len(errors):
+            for err in errors:
+                if err is not None:
+                    self._error(err)
+            msgs = [m for m, err in zip(msgs, errors, strict=True) if err is None]
+            if not msgs:
+                return []
+        n = len(msgs)
+        partitions = list(map(_msg_partition, msgs))
+        topics = list(map(_msg_topic, msgs))
+        keys: list[Any] = partitions
+        if topics.count(topics[0]) != n:
+            keys = list(zip(topics, partitions, strict=True))
+        runs: list[Run] = []
+        i = 0
+        for _, group in groupby(keys):
+            j = i + len(list(group))
+            run = msgs if i == 0 and j == n else msgs[i:j]
+            runs.append(Run((topics[i], partitions[i]), run))  # type: ignore[arg-type]
+            i = j
+        return runs
 
     def _error(self, err: KafkaError) -> None:
         if err.code() in _QUIET:

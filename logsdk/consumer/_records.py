@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 #: (topic, partition): how partitions are named throughout the consumer.
 TopicPartition = tuple[str, int]
@@ -37,3 +39,57 @@ class Record:
     def topic_partition(self) -> TopicPartition:
         """``(topic, partition)``, the key of offset dictionaries."""
         return (self.topic, self.partition)
+
+
+class RecordBatch(Sequence[Record]):
+    """The records of one handler call, built from the fetched messages on first access.
+
+    Handlers see it as a read-only ``Sequence[Record]``. The fetch thread only groups
+    messages into batches; converting them to :class:`Record` (headers included) is
+    done once, by the worker thread, the first time the handler reads an element. A
+    handler that needs only ``len(records)`` never pays for it.
+    """
+
+    __slots__ = ("_convert", "_items", "_records")
+
+    def __init__(
+        self, items: list[Any], convert: Callable[[list[Any]], list[Record]] | None = None
+    ) -> None:
+        self._items = items
+        self._convert = convert
+        self._records: list[Record] | None = items if convert is None else None
+
+    def materialize(self) -> list[Record]:
+        """The records as a list (converted on the first call, then cached)."""
+        records = self._records
+        if records is None:
+            assert self._convert is not None
+            records = self._records = self._convert(self._items)
+        return records
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Record]: ...
+
+    def __getitem__(self, index: int | slice) -> Record | list[Record]:
+        return self.materialize()[index]
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.materialize())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordBatch):
+            return self.materialize() == other.materialize()
+        if isinstance(other, list):
+            return self.materialize() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RecordBatch({self.materialize()!r})"
