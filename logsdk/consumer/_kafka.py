@@ -7,8 +7,9 @@ It turns ``Message`` objects into :class:`Record`, ``KafkaError``/``KafkaExcepti
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import (
@@ -35,6 +36,11 @@ _msg_partition = Message.partition
 _msg_topic = Message.topic
 _msg_offset = Message.offset
 _msg_key = Message.key
+_msg_value = Message.value
+_msg_headers = Message.headers
+_msg_timestamp = Message.timestamp
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 #: Called on assignment; may return where to start: ``{tp: offset}`` (None: per
 #: ``auto.offset.reset``); partitions left out start at the committed offset.
@@ -46,22 +52,27 @@ _QUIET = {KafkaError._PARTITION_EOF}
 
 def to_records(msgs: list[Message]) -> list[Record]:
     """Convert fetched messages to :class:`Record` (what a handler sees)."""
-    out: list[Record] = []
-    append = out.append
-    for m in msgs:
-        ts_type, ts = m.timestamp()
-        append(
-            Record(
-                m.topic(),  # type: ignore[arg-type]
-                m.partition(),  # type: ignore[arg-type]
-                m.offset(),  # type: ignore[arg-type]
-                m.key(),
-                m.value(),
-                m.headers() or [],  # type: ignore[arg-type]
-                None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-            )
+    headers: list[Any] = list(map(_msg_headers, msgs))
+    if None in headers:
+        headers = [[] if h is None else h for h in headers]
+    stamps = list(map(_msg_timestamp, msgs))
+    timestamps: Iterable[int | None]
+    if list(map(_first, stamps)).count(TIMESTAMP_NOT_AVAILABLE):
+        timestamps = [None if kind == TIMESTAMP_NOT_AVAILABLE else ts for kind, ts in stamps]
+    else:
+        timestamps = map(_second, stamps)
+    return list(
+        map(
+            Record,
+            map(_msg_topic, msgs),
+            map(_msg_partition, msgs),
+            map(_msg_offset, msgs),
+            map(_msg_key, msgs),
+            map(_msg_value, msgs),
+            headers,
+            timestamps,
         )
-    return out
+    )
 
 
 def message_bytes(msgs: list[Message]) -> int:

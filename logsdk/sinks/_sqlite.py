@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlite_utils
 
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import Record, RecordBatch, TopicPartition
 from logsdk.errors import ConfigError, FencedError, SinkError
 
 PRODUCER_HEADER = "logsdk.producer"
@@ -34,19 +34,22 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
-        self.rows: list[tuple[Any, ...]] = []
-        self.first: dict[TopicPartition, int] = {}
+        self.staged: list[Sequence[Record]] = []
 
 
 class SQLiteSink:
     """A :class:`~logsdk.TransactionalHandler` that stores records in an SQLite table.
 
-    ``process`` only stages rows; ``commit(offsets)`` writes the rows and the offsets
-    in one ``BEGIN IMMEDIATE`` transaction; ``rollback`` drops the staged rows. It is
-    called from several worker threads at once (one partition each): every thread has
-    its own connection and its own staged batch. With ``dedupe=True`` a record whose
-    (``logsdk.producer``, ``logsdk.seq``) headers were already stored is skipped, which
-    removes duplicates a producer sent (at-least-once on the wire).
+    ``process`` only stages the records; ``commit(offsets)`` turns them into rows and
+    writes the rows and the offsets in one ``BEGIN IMMEDIATE`` transaction; ``rollback``
+    drops the staged records. It is called from several worker threads at once (one
+    partition each): every thread has its own connection and its own staged batch.
+    Rows are built while this process's write lock is held: Python work done by other
+    threads meanwhile would take the GIL from the writer after each row it inserts.
+
+    With ``dedupe=True`` a record whose (``logsdk.producer``, ``logsdk.seq``) headers
+    were already stored is skipped, which removes duplicates a producer sent
+    (at-least-once on the wire).
 
     The constructor creates the database file and tables if missing. Picklable (for
     ``executor="process"``): a copy reconnects in the process that uses it.
@@ -90,6 +93,7 @@ class SQLiteSink:
         )
         #: Records skipped by dedupe in this process.
         self.deduplicated = 0
+        self._producers: dict[bytes, str] = {}  # producer header -> decoded name
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -161,32 +165,52 @@ class SQLiteSink:
 
     def process(self, records: Sequence[Record]) -> None:
         """Stage ``records`` for the next :meth:`commit` on this thread."""
-        state = self._local
-        rows = state.rows
-        first = state.first
-        for r in records:
-            producer = seq = None
-            for k, v in r.headers:
-                if k == PRODUCER_HEADER:
-                    producer = v.decode("utf-8", "replace")
-                elif k == SEQ_HEADER:
-                    try:
-                        seq = int(v)
-                    except ValueError:
-                        seq = None
-            rows.append(
-                (r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, producer, seq)
-            )
-            first.setdefault((r.topic, r.partition), r.offset)
+        # A RecordBatch is immutable; a caller's own list is copied.
+        self._local.staged.append(records if isinstance(records, RecordBatch) else list(records))
 
     def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Write the staged rows and ``offsets`` in one transaction (FencedError if stale)."""
         state = self._local
-        rows, first = state.rows, state.first
-        state.rows, state.first = [], {}
+        staged, state.staged = state.staged, []
         conn = self._connect()
         with self._write_lock:
+            rows, first = self._rows(staged)
             self._commit(conn, offsets, rows, first)
+
+    def _rows(
+        self, staged: list[Sequence[Record]]
+    ) -> tuple[list[tuple[Any, ...]], dict[TopicPartition, int]]:
+        """The table rows of the staged records, and each partition's first offset."""
+        rows: list[tuple[Any, ...]] = []
+        append = rows.append
+        first: dict[TopicPartition, int] = {}
+        producers = self._producers
+        if len(producers) > 10_000:
+            producers.clear()
+        last_topic: str | None = None
+        last_partition = -1
+        for records in staged:
+            for r in records:
+                topic, partition, offset = r.topic, r.partition, r.offset
+                if partition != last_partition or topic != last_topic:
+                    first.setdefault((topic, partition), offset)
+                    last_topic, last_partition = topic, partition
+                producer = seq = None
+                if r.headers:
+                    h = dict(r.headers)  # the last header of a name wins
+                    p = h.get(PRODUCER_HEADER)
+                    if p is not None:
+                        producer = producers.get(p)
+                        if producer is None:
+                            producer = producers[p] = p.decode("utf-8", "replace")
+                    sv = h.get(SEQ_HEADER)
+                    if sv is not None:
+                        try:
+                            seq = int(sv)
+                        except (TypeError, ValueError):
+                            seq = None
+                append((topic, partition, offset, r.key, r.value, r.timestamp, producer, seq))
+        return rows, first
 
     def _commit(
         self,
@@ -252,8 +276,8 @@ class SQLiteSink:
             conn.execute("ROLLBACK")
 
     def rollback(self, error: BaseException) -> None:
-        """Drop this thread's staged rows (and any open transaction)."""
-        self._local.rows, self._local.first = [], {}
+        """Drop this thread's staged records (and any open transaction)."""
+        self._local.staged = []
         conn = self._local.conn
         if conn is not None:
             try:
