@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logsdk.consumer._kafka import KafkaConsumerClient, Run, to_records
+from logsdk.consumer._kafka import KafkaConsumerClient, Run, to_columns
 from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
 from logsdk.consumer._records import TopicPartition
 from logsdk.consumer._workers import Counters, Dispatcher
@@ -179,7 +179,7 @@ class Fetcher:
                 if not keep:
                     continue
                 run = run.select(keep)
-            chunk = Chunk(run.tp, epoch, run.msgs, run.nbytes, run.first, run.last, to_records)
+            chunk = Chunk(run.tp, epoch, run.msgs, run.nbytes, run.first, run.last, to_columns)
             if register(chunk):
                 chunks.append(chunk)
         self._counters.add("fetched", fetched)

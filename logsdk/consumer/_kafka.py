@@ -7,7 +7,7 @@ It turns ``Message`` objects into :class:`Record`, ``KafkaError``/``KafkaExcepti
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
@@ -26,7 +26,7 @@ from confluent_kafka import (
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from logsdk._types import ClientConfig
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 from logsdk.errors import ConsumerError, DeadLetterError
 
 log = logging.getLogger("logsdk.consumer")
@@ -50,29 +50,30 @@ AssignCallback = Callable[[list[TopicPartition]], "dict[TopicPartition, int | No
 _QUIET = {KafkaError._PARTITION_EOF}
 
 
-def to_records(msgs: list[Message]) -> list[Record]:
-    """Convert fetched messages to :class:`Record` (what a handler sees)."""
+def to_columns(msgs: list[Message]) -> RecordColumns:
+    """The fields of fetched messages, column by column (C-level ``map`` calls)."""
     headers: list[Any] = list(map(_msg_headers, msgs))
     if None in headers:
         headers = [[] if h is None else h for h in headers]
     stamps = list(map(_msg_timestamp, msgs))
-    timestamps: Iterable[int | None]
     if list(map(_first, stamps)).count(TIMESTAMP_NOT_AVAILABLE):
         timestamps = [None if kind == TIMESTAMP_NOT_AVAILABLE else ts for kind, ts in stamps]
     else:
-        timestamps = map(_second, stamps)
-    return list(
-        map(
-            Record,
-            map(_msg_topic, msgs),
-            map(_msg_partition, msgs),
-            map(_msg_offset, msgs),
-            map(_msg_key, msgs),
-            map(_msg_value, msgs),
-            headers,
-            timestamps,
-        )
+        timestamps = list(map(_second, stamps))
+    return RecordColumns(
+        list(map(_msg_topic, msgs)),  # type: ignore[arg-type]
+        list(map(_msg_partition, msgs)),  # type: ignore[arg-type]
+        list(map(_msg_offset, msgs)),  # type: ignore[arg-type]
+        list(map(_msg_key, msgs)),
+        list(map(_msg_value, msgs)),
+        headers,
+        timestamps,
     )
+
+
+def to_records(msgs: list[Message]) -> list[Record]:
+    """Convert fetched messages to :class:`Record` (what a handler sees)."""
+    return list(map(Record, *to_columns(msgs)))
 
 
 def message_bytes(msgs: list[Message]) -> int:

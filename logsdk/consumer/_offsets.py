@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 
 #: Apache Kafka's default ``offset.metadata.max.bytes``.
 DEFAULT_METADATA_MAX_BYTES = 4096
@@ -229,7 +229,7 @@ class Chunk:
         nbytes: int,
         first: int | None = None,
         last: int | None = None,
-        convert: Callable[[list[Any]], list[Record]] | None = None,
+        convert: Callable[[list[Any]], RecordColumns] | None = None,
     ) -> None:
         self.tp = tp
         self.epoch = epoch
@@ -244,7 +244,9 @@ class Chunk:
     @property
     def records(self) -> list[Record]:
         """The chunk's records (converted from the messages on every call)."""
-        return self.items if self.convert is None else self.convert(self.items)
+        if self.convert is None:
+            return self.items
+        return list(map(Record, *self.convert(self.items)))
 
 
 @dataclass(frozen=True)

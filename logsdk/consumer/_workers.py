@@ -82,7 +82,12 @@ class Dispatcher:
     def __init__(self, ordering: Ordering, max_batch: int) -> None:
         self._ordering = ordering
         self._max_batch = max_batch
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # Workers wait on _cond for a ready lane; the fetch thread waits on _changed for
+        # held records to go down or in-flight work to finish. Separate conditions (one
+        # lock), so finishing a batch wakes one worker per lane it frees, not all of them.
+        self._cond = threading.Condition(lock)
+        self._changed = threading.Condition(lock)
         self._lanes: dict[Hashable, deque[Any]] = {}
         self._ready: deque[Hashable] = deque()
         self._busy: set[Hashable] = set()
@@ -185,15 +190,19 @@ class Dispatcher:
     def done(self, batch: Batch) -> None:
         """Release the batch's lanes and its share of the bound."""
         with self._cond:
+            ready = 0
             for lane in batch.lanes:
                 self._busy.discard(lane)
                 if lane in self._lanes:
                     self._ready.append(lane)
+                    ready += 1
             for chunk, n in batch.parts:
                 self._inflight[chunk.tp] -= n
             self.held -= len(batch.records)
             self.held_bytes -= batch.nbytes
-            self._cond.notify_all()
+            if ready:
+                self._cond.notify(ready)
+            self._changed.notify_all()
 
     def drop(self, tps: set[TopicPartition]) -> int:
         """Remove queued (not yet taken) records of ``tps``; returns how many."""
@@ -220,20 +229,20 @@ class Dispatcher:
             self._ready = deque(lane for lane in self._ready if lane in self._lanes)
             self.held -= dropped
             self.held_bytes -= dropped_bytes
-            self._cond.notify_all()
+            self._changed.notify_all()
         return dropped
 
     def wait_idle(self, tps: Sequence[TopicPartition], timeout: float) -> bool:
         """Wait until no batch of ``tps`` is being processed; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(
+        with self._changed:
+            return self._changed.wait_for(
                 lambda: all(self._inflight.get(tp, 0) <= 0 for tp in tps), max(0.0, timeout)
             )
 
     def wait_below(self, count: int, nbytes: int, timeout: float) -> bool:
         """Wait until at most ``count`` records and ``nbytes`` bytes are held."""
-        with self._cond:
-            return self._cond.wait_for(
+        with self._changed:
+            return self._changed.wait_for(
                 lambda: self.held <= count and self.held_bytes <= nbytes, max(0.0, timeout)
             )
 
@@ -241,6 +250,7 @@ class Dispatcher:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
+            self._changed.notify_all()
 
 
 def _fatal(exc: BaseException) -> bool:

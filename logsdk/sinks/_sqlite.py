@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlite_utils
 
-from logsdk.consumer._records import Record, RecordBatch, TopicPartition
+from logsdk.consumer._records import Record, RecordBatch, TopicPartition, columns_of
 from logsdk.errors import ConfigError, FencedError, SinkError
 
 PRODUCER_HEADER = "logsdk.producer"
@@ -182,35 +182,62 @@ class SQLiteSink:
     ) -> tuple[list[tuple[Any, ...]], dict[TopicPartition, int]]:
         """The table rows of the staged records, and each partition's first offset."""
         rows: list[tuple[Any, ...]] = []
-        append = rows.append
         first: dict[TopicPartition, int] = {}
-        producers = self._producers
-        if len(producers) > 10_000:
-            producers.clear()
-        last_topic: str | None = None
-        last_partition = -1
         for records in staged:
-            for r in records:
-                topic, partition, offset = r.topic, r.partition, r.offset
-                if partition != last_partition or topic != last_topic:
-                    first.setdefault((topic, partition), offset)
-                    last_topic, last_partition = topic, partition
-                producer = seq = None
-                if r.headers:
-                    h = dict(r.headers)  # the last header of a name wins
-                    p = h.get(PRODUCER_HEADER)
-                    if p is not None:
-                        producer = producers.get(p)
-                        if producer is None:
-                            producer = producers[p] = p.decode("utf-8", "replace")
-                    sv = h.get(SEQ_HEADER)
-                    if sv is not None:
-                        try:
-                            seq = int(sv)
-                        except (TypeError, ValueError):
-                            seq = None
-                append((topic, partition, offset, r.key, r.value, r.timestamp, producer, seq))
+            if not records:
+                continue
+            cols = records.columns() if isinstance(records, RecordBatch) else columns_of(records)
+            topics, partitions, offsets = cols.topics, cols.partitions, cols.offsets
+            n = len(offsets)
+            if topics.count(topics[0]) == n and partitions.count(partitions[0]) == n:
+                first.setdefault((topics[0], partitions[0]), offsets[0])
+            else:
+                for tp, offset in zip(zip(topics, partitions, strict=True), offsets, strict=True):
+                    first.setdefault(tp, offset)
+            producers, seqs = self._header_columns(cols.headers)
+            rows.extend(
+                zip(
+                    topics,
+                    partitions,
+                    offsets,
+                    cols.keys,
+                    cols.values,
+                    cols.timestamps,
+                    producers,
+                    seqs,
+                    strict=True,
+                )
+            )
         return rows, first
+
+    def _header_columns(
+        self, headers: Sequence[list[tuple[str, bytes]]]
+    ) -> tuple[list[str | None], list[int | None]]:
+        """The producer and seq header of each record (the last of a name wins)."""
+        producers: list[str | None] = []
+        seqs: list[int | None] = []
+        add_producer, add_seq = producers.append, seqs.append
+        names = self._producers
+        if len(names) > 10_000:
+            names.clear()
+        for hs in headers:
+            producer = seq = None
+            if hs:
+                h = dict(hs)
+                p = h.get(PRODUCER_HEADER)
+                if p is not None:
+                    producer = names.get(p)
+                    if producer is None:
+                        producer = names[p] = p.decode("utf-8", "replace")
+                v = h.get(SEQ_HEADER)
+                if v is not None:
+                    try:
+                        seq = int(v)
+                    except (TypeError, ValueError):
+                        seq = None
+            add_producer(producer)
+            add_seq(seq)
+        return producers, seqs
 
     def _commit(
         self,
