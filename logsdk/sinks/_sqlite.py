@@ -15,6 +15,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,6 +30,8 @@ SEQ_HEADER = "logsdk.seq"
 OFFSETS_TABLE = "logsdk_offsets"
 SEEN_TABLE = "logsdk_seen"
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: Rows per multi-row INSERT (x 8 columns stays below SQLite's oldest 999-variable limit).
+_ROWS_PER_INSERT = 64
 
 
 class _ThreadState(threading.local):
@@ -87,9 +90,11 @@ class SQLiteSink:
         # SQLite has one writer at a time; queueing this process's writers on a lock
         # avoids the busy handler's sleeps (up to 100 ms each) when threads collide.
         self._write_lock = threading.Lock()
-        self._insert = (
-            f"INSERT INTO [{self.table}] (topic, partition, offset, key, value, timestamp, "
-            "producer, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        columns = "(topic, partition, offset, key, value, timestamp, producer, seq)"
+        self._insert = f"INSERT INTO [{self.table}] {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        # Many rows per statement: one sqlite3 step (one GIL release) per _ROWS_PER_INSERT.
+        self._insert_many = f"INSERT INTO [{self.table}] {columns} VALUES " + ", ".join(
+            ["(?, ?, ?, ?, ?, ?, ?, ?)"] * _ROWS_PER_INSERT
         )
         #: Records skipped by dedupe in this process.
         self.deduplicated = 0
@@ -271,7 +276,7 @@ class SQLiteSink:
                 )
             if self.dedupe:
                 rows = self._dedupe(conn, rows)
-            conn.executemany(self._insert, rows)
+            self._insert_rows(conn, rows)
             conn.execute("COMMIT")
         except FencedError:
             self._rollback(conn)
@@ -279,6 +284,17 @@ class SQLiteSink:
         except sqlite3.Error as exc:
             self._rollback(conn)
             raise SinkError(f"SQLite commit to {self.path} failed: {exc}") from exc
+
+    def _insert_rows(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        k = _ROWS_PER_INSERT
+        full = len(rows) - len(rows) % k
+        if full:
+            conn.executemany(
+                self._insert_many,
+                [tuple(chain.from_iterable(rows[i : i + k])) for i in range(0, full, k)],
+            )
+        if full < len(rows):
+            conn.executemany(self._insert, rows[full:])
 
     def _dedupe(
         self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]
