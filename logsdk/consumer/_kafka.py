@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from itertools import groupby
-from operator import itemgetter
+from itertools import groupby, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
 from confluent_kafka import (
@@ -181,7 +181,8 @@ class KafkaConsumerClient:
         if not msgs:
             return []
         errors = list(map(_msg_error, msgs))
-        if errors.count(None) != len(errors):
+        # By identity: comparing a KafkaError with None raises.
+        if any(map(is_not, errors, repeat(None))):
             for err in errors:
                 if err is not None:
                     self._error(err)
