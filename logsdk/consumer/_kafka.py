@@ -1,7 +1,8 @@
 """The thin typed wrapper over confluent-kafka: the only consumer module that touches it.
 
-It turns ``Message`` objects into :class:`Record`, ``KafkaError``/``KafkaException`` into
-:class:`~logsdk.errors.ConsumerError`, and offsets into ``(topic, partition)`` keys.
+It turns ``Message`` objects into :class:`Record` (lazily, see ``to_columns``),
+``KafkaError``/``KafkaException`` into :class:`~logsdk.errors.ConsumerError`, and offsets
+into ``(topic, partition)`` keys.
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ class KafkaConsumerClient:
         """Up to ``max_records`` records, as runs of consecutive records of one partition.
 
         Non-fatal errors are counted, fatal ones raise. The per-record work is done by
-        C-level ``map`` calls; messages become :class:`Record` only when a handler
-        reads them (:func:`to_records`).
+        C-level ``map`` calls; messages become records only when a handler reads them
+        (:func:`to_columns`, through a :class:`~logsdk.consumer._records.RecordBatch`).
         """
         try:
             msgs = self._consumer.consume(max_records, timeout)
