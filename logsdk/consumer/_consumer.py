@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -37,6 +38,19 @@ class _FunctionHandler:
     def process(self, records: Sequence[Record]) -> None:
         for r in records:
             self.fn(r)
+
+
+def _fetch_max_bytes(config: ClientConfig, queue_bytes: int) -> int:
+    """An eighth of ``queue_bytes``, within what librdkafka accepts with ``config``.
+
+    It refuses a fetch.max.bytes below message.max.bytes or the per-partition fetch
+    size, or above its default receive.message.max.bytes.
+    """
+    floor = 1024 * 1024 + 512
+    for key in ("message.max.bytes", "max.partition.fetch.bytes", "fetch.message.max.bytes"):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            floor = max(floor, int(config[key]))
+    return max(floor, min(50 * 1024 * 1024, queue_bytes // 8))
 
 
 def _tp_name(tp: tuple[str, int]) -> str:
@@ -108,6 +122,13 @@ class LogConsumer:
         config.setdefault("auto.offset.reset", "earliest")
         # librdkafka's own prefetch buffer counts towards memory too: keep it within the bound.
         config.setdefault("queued.max.messages.kbytes", max(1024, min(65536, queue_bytes // 2048)))
+        # Once that buffer is over its threshold librdkafka postpones the partition's next
+        # fetch by this much (default 1 s): longer than the workers take to drain it, which
+        # left the consumer idle for most of a second at a time. Fetching again sooner
+        # means more fetch responses in flight on top of the buffer, so their size is
+        # bounded too (default 50 MiB).
+        config.setdefault("fetch.queue.backoff.ms", 100)
+        config.setdefault("fetch.max.bytes", _fetch_max_bytes(config, queue_bytes))
         if ordering not in ORDERINGS:
             raise ConfigError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
         if semantics not in SEMANTICS:

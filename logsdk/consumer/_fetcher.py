@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logsdk.consumer._kafka import KafkaConsumerClient
+from logsdk.consumer._kafka import KafkaConsumerClient, Run, to_columns
 from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import TopicPartition
 from logsdk.consumer._workers import Counters, Dispatcher
 from logsdk.errors import ConsumerError
 
@@ -117,9 +117,9 @@ class Fetcher:
                 if self._backpressure():
                     room = self._s.queue_size - self._d.held
                     n = 1 if self.paused else max(1, min(self._s.fetch_batch, room))
-                    records = self._client.poll(n, 0.1)
-                    if records:
-                        self._ingest(records)
+                    runs = self._client.poll(n, 0.1)
+                    if runs:
+                        self._ingest(runs)
                 now = time.monotonic()
                 if now >= next_commit:
                     self._commit(force=False)
@@ -162,35 +162,27 @@ class Fetcher:
             return True
         return False
 
-    def _ingest(self, records: list[Record]) -> None:
-        self._counters.add("fetched", len(records))
-        runs: list[tuple[TopicPartition, list[Record]]] = []
-        cur_t: str | None = None
-        cur_p = -1
-        cur: list[Record] = []
-        for r in records:
-            if r.partition != cur_p or r.topic != cur_t:
-                cur_t, cur_p = r.topic, r.partition
-                cur = []
-                runs.append(((cur_t, cur_p), cur))
-            cur.append(r)
+    def _ingest(self, runs: list[Run]) -> None:
+        """Admit each polled run into the offset map and queue it as one chunk."""
+        fetched = skipped = 0
         chunks = []
-        skipped = 0
-        for tp, run in runs:
-            epoch, kept = self._offsets.admit(tp, run)
-            skipped += len(run) - len(kept)
-            if not kept or epoch is None:
+        admit, register = self._offsets.admit_run, self._offsets.register
+        for run in runs:
+            n = len(run.msgs)
+            fetched += n
+            epoch, keep = admit(run.tp, run.first, run.last, run.offsets)
+            if epoch is None:
+                skipped += n
                 continue
-            nbytes = 0
-            for r in kept:
-                v, k = r.value, r.key
-                if v:
-                    nbytes += len(v)
-                if k:
-                    nbytes += len(k)
-            chunk = Chunk(tp, epoch, kept, nbytes)
-            if self._offsets.register(chunk):
+            if keep is not None:
+                skipped += n - len(keep)
+                if not keep:
+                    continue
+                run = run.select(keep)
+            chunk = Chunk(run.tp, epoch, run.msgs, run.nbytes, run.first, run.last, to_columns)
+            if register(chunk):
                 chunks.append(chunk)
+        self._counters.add("fetched", fetched)
         if skipped:
             self._counters.add("skipped", skipped)
         if chunks:

@@ -1,13 +1,16 @@
 """The thin typed wrapper over confluent-kafka: the only consumer module that touches it.
 
-It turns ``Message`` objects into :class:`Record`, ``KafkaError``/``KafkaException`` into
-:class:`~logsdk.errors.ConsumerError`, and offsets into ``(topic, partition)`` keys.
+It turns ``Message`` objects into :class:`Record` (lazily, see ``to_columns``),
+``KafkaError``/``KafkaException`` into :class:`~logsdk.errors.ConsumerError`, and offsets
+into ``(topic, partition)`` keys.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from itertools import groupby, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
 from confluent_kafka import (
@@ -24,10 +27,21 @@ from confluent_kafka import (
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from logsdk._types import ClientConfig
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 from logsdk.errors import ConsumerError, DeadLetterError
 
 log = logging.getLogger("logsdk.consumer")
+
+_msg_error = Message.error
+_msg_partition = Message.partition
+_msg_topic = Message.topic
+_msg_offset = Message.offset
+_msg_key = Message.key
+_msg_value = Message.value
+_msg_headers = Message.headers
+_msg_timestamp = Message.timestamp
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 #: Called on assignment; may return where to start: ``{tp: offset}`` (None: per
 #: ``auto.offset.reset``); partitions left out start at the committed offset.
@@ -35,6 +49,65 @@ AssignCallback = Callable[[list[TopicPartition]], "dict[TopicPartition, int | No
 
 # Errors that librdkafka recovers from by itself; counted and logged, never fatal.
 _QUIET = {KafkaError._PARTITION_EOF}
+
+
+def to_columns(msgs: list[Message]) -> RecordColumns:
+    """The fields of fetched messages, column by column (C-level ``map`` calls)."""
+    headers: list[Any] = list(map(_msg_headers, msgs))
+    if None in headers:
+        headers = [[] if h is None else h for h in headers]
+    stamps = list(map(_msg_timestamp, msgs))
+    if list(map(_first, stamps)).count(TIMESTAMP_NOT_AVAILABLE):
+        timestamps = [None if kind == TIMESTAMP_NOT_AVAILABLE else ts for kind, ts in stamps]
+    else:
+        timestamps = list(map(_second, stamps))
+    return RecordColumns(
+        list(map(_msg_topic, msgs)),  # type: ignore[arg-type]
+        list(map(_msg_partition, msgs)),  # type: ignore[arg-type]
+        list(map(_msg_offset, msgs)),  # type: ignore[arg-type]
+        list(map(_msg_key, msgs)),
+        list(map(_msg_value, msgs)),
+        headers,
+        timestamps,
+    )
+
+
+def to_records(msgs: list[Message]) -> list[Record]:
+    """Convert fetched messages to :class:`Record` (what a handler sees)."""
+    return list(map(Record, *to_columns(msgs)))
+
+
+def message_bytes(msgs: list[Message]) -> int:
+    """Bytes of the values and keys of ``msgs`` (what the queue's byte bound counts)."""
+    nbytes = sum(map(len, msgs))  # len(Message) is the length of its value (0 if None)
+    keys = list(map(_msg_key, msgs))
+    nones = keys.count(None)
+    if nones == 0:
+        nbytes += sum(map(len, keys))  # type: ignore[arg-type]
+    elif nones != len(keys):
+        nbytes += sum(len(k) for k in keys if k is not None)
+    return nbytes
+
+
+class Run:
+    """Consecutive fetched messages of one partition, in offset order."""
+
+    __slots__ = ("first", "last", "msgs", "nbytes", "tp")
+
+    def __init__(self, tp: TopicPartition, msgs: list[Message]) -> None:
+        self.tp = tp
+        self.msgs = msgs
+        self.first: int = msgs[0].offset()  # type: ignore[assignment]
+        self.last: int = msgs[-1].offset()  # type: ignore[assignment]
+        self.nbytes = message_bytes(msgs)
+
+    def offsets(self) -> list[int]:
+        """Every message's offset (only needed when some must be filtered out)."""
+        return list(map(_msg_offset, self.msgs))  # type: ignore[arg-type]
+
+    def select(self, indexes: list[int]) -> Run:
+        """The run of the messages at ``indexes`` (ascending, not empty)."""
+        return Run(self.tp, [self.msgs[i] for i in indexes])
 
 
 class KafkaConsumerClient:
@@ -95,32 +168,42 @@ class KafkaConsumerClient:
 
     # -- fetching -----------------------------------------------------------------------
 
-    def poll(self, max_records: int, timeout: float) -> list[Record]:
-        """Up to ``max_records`` records; non-fatal errors are counted, fatal ones raise."""
+    def poll(self, max_records: int, timeout: float) -> list[Run]:
+        """Up to ``max_records`` records, as runs of consecutive records of one partition.
+
+        Non-fatal errors are counted, fatal ones raise. The per-record work is done by
+        C-level ``map`` calls; messages become records only when a handler reads them
+        (:func:`to_columns`, through a :class:`~logsdk.consumer._records.RecordBatch`).
+        """
         try:
             msgs = self._consumer.consume(max_records, timeout)
         except KafkaException as exc:
             raise ConsumerError(f"consume failed: {exc}") from exc
-        out: list[Record] = []
-        append = out.append
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                self._error(err)
-                continue
-            ts_type, ts = m.timestamp()
-            append(
-                Record(
-                    m.topic(),  # type: ignore[arg-type]
-                    m.partition(),  # type: ignore[arg-type]
-                    m.offset(),  # type: ignore[arg-type]
-                    m.key(),
-                    m.value(),
-                    m.headers() or [],  # type: ignore[arg-type]
-                    None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-                )
-            )
-        return out
+        if not msgs:
+            return []
+        errors = list(map(_msg_error, msgs))
+        # By identity: comparing a KafkaError with None raises.
+        if any(map(is_not, errors, repeat(None))):
+            for err in errors:
+                if err is not None:
+                    self._error(err)
+            msgs = [m for m, err in zip(msgs, errors, strict=True) if err is None]
+            if not msgs:
+                return []
+        n = len(msgs)
+        partitions = list(map(_msg_partition, msgs))
+        topics = list(map(_msg_topic, msgs))
+        keys: list[Any] = partitions
+        if topics.count(topics[0]) != n:
+            keys = list(zip(topics, partitions, strict=True))
+        runs: list[Run] = []
+        i = 0
+        for _, group in groupby(keys):
+            j = i + len(list(group))
+            run = msgs if i == 0 and j == n else msgs[i:j]
+            runs.append(Run((topics[i], partitions[i]), run))  # type: ignore[arg-type]
+            i = j
+        return runs
 
     def _error(self, err: KafkaError) -> None:
         if err.code() in _QUIET:

@@ -18,10 +18,11 @@ import bisect
 import threading
 import zlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 
 #: Apache Kafka's default ``offset.metadata.max.bytes``.
 DEFAULT_METADATA_MAX_BYTES = 4096
@@ -175,6 +176,11 @@ class RangeSet:
     def __bool__(self) -> bool:
         return bool(self._starts)
 
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether any offset in ``[start, end)`` is in the set."""
+        i = bisect.bisect_right(self._ends, start)
+        return i < len(self._starts) and self._starts[i] < end
+
     def above(self, offset: int) -> list[Range]:
         """The ranges (clipped) at or above ``offset``."""
         out = []
@@ -195,19 +201,52 @@ class RangeSet:
 
 
 class Chunk:
-    """Consecutive records of one partition from one poll, dispatched together."""
+    """Consecutive records of one partition from one poll, dispatched together.
 
-    __slots__ = ("done", "epoch", "first", "last", "nbytes", "records", "remaining", "tp")
+    ``items`` are the fetched messages (``convert`` turns them into records for the
+    handler) or, with ``convert=None``, :class:`Record` objects already. The offset
+    map tracks the chunk as a whole: ``first``/``last`` offsets and a remaining count.
+    """
 
-    def __init__(self, tp: TopicPartition, epoch: int, records: list[Record], nbytes: int) -> None:
+    __slots__ = (
+        "convert",
+        "count",
+        "done",
+        "epoch",
+        "first",
+        "items",
+        "last",
+        "nbytes",
+        "remaining",
+        "tp",
+    )
+
+    def __init__(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        items: list[Any],
+        nbytes: int,
+        first: int | None = None,
+        last: int | None = None,
+        convert: Callable[[list[Any]], RecordColumns] | None = None,
+    ) -> None:
         self.tp = tp
         self.epoch = epoch
-        self.records = records
-        self.first = records[0].offset
-        self.last = records[-1].offset
-        self.remaining = len(records)
+        self.items = items
+        self.convert = convert
+        self.first: int = items[0].offset if first is None else first
+        self.last: int = items[-1].offset if last is None else last
+        self.count = self.remaining = len(items)
         self.nbytes = nbytes
         self.done = False
+
+    @property
+    def records(self) -> list[Record]:
+        """The chunk's records (converted from the messages on every call)."""
+        if self.convert is None:
+            return self.items
+        return list(map(Record, *self.convert(self.items)))
 
 
 @dataclass(frozen=True)
@@ -327,28 +366,51 @@ class OffsetMap:
             part = self._parts.get(tp)
             return None if part is None else part.tx_lock
 
-    def admit(self, tp: TopicPartition, records: list[Record]) -> tuple[int | None, list[Record]]:
-        """Filter a polled run of ``tp``'s records; returns (epoch, records to dispatch).
+    def admit_run(
+        self, tp: TopicPartition, first: int, last: int, offsets: Callable[[], Sequence[int]]
+    ) -> tuple[int | None, list[int] | None]:
+        """Filter a polled run of ``tp`` (offsets ``first``..``last``, ascending).
 
-        Drops records of partitions not owned, stale records from before a seek, and
-        offsets a previous owner already completed (from the commit metadata).
+        Returns ``(epoch, None)`` to dispatch the whole run, ``(epoch, indexes)`` to
+        dispatch only the records at those positions, or ``(None, [])`` when the
+        partition is not owned (or blocked). Drops stale records from before a seek and
+        offsets a previous owner already completed (from the commit metadata);
+        ``offsets()`` (every record's offset) is called only when something may be
+        dropped.
         """
         with self._lock:
             part = self._parts.get(tp)
             if part is None or part.blocked:
                 return None, []
             nf = part.next_fetch
-            if nf is not None and records[0].offset < nf:
-                records = [r for r in records if r.offset >= nf]
-                if not records:
+            skip = part.skip
+            if (nf is None or first >= nf) and not (skip and skip.overlaps(first, last + 1)):
+                part.next_fetch = last + 1
+                return part.epoch, None
+            offs = offsets()
+            keep = list(range(len(offs)))
+            if nf is not None and first < nf:
+                keep = [i for i in keep if offs[i] >= nf]
+                if not keep:
                     return part.epoch, []
-            part.next_fetch = records[-1].offset + 1
-            if part.skip:
-                kept = [r for r in records if r.offset not in part.skip]
-                if len(kept) != len(records):
+            part.next_fetch = offs[keep[-1]] + 1
+            if skip:
+                kept = [i for i in keep if offs[i] not in skip]
+                if len(kept) != len(keep):
                     part.dirty = True
-                records = kept
-            return part.epoch, records
+                keep = kept
+            return part.epoch, keep
+
+    def admit(self, tp: TopicPartition, records: list[Record]) -> tuple[int | None, list[Record]]:
+        """:meth:`admit_run` for a list of records; returns (epoch, records to dispatch)."""
+        if not records:
+            return self.epoch(tp), []
+        epoch, keep = self.admit_run(
+            tp, records[0].offset, records[-1].offset, lambda: [r.offset for r in records]
+        )
+        if keep is None:
+            return epoch, records
+        return epoch, [records[i] for i in keep]
 
     def register(self, chunk: Chunk) -> bool:
         """Record that ``chunk`` was handed to the workers; False if its epoch is stale."""

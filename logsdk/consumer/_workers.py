@@ -23,7 +23,7 @@ from typing import Any, Literal
 from logsdk.consumer._handler import Handler
 from logsdk.consumer._kafka import DeadLetterProducer
 from logsdk.consumer._offsets import Chunk, OffsetMap
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import Record, RecordBatch, TopicPartition
 from logsdk.errors import ConfigError, ConsumerError, FencedError, PoisonRecordError
 
 log = logging.getLogger("logsdk.consumer")
@@ -63,10 +63,13 @@ class Batch:
     __slots__ = ("lanes", "nbytes", "parts", "records")
 
     def __init__(self) -> None:
-        self.records: list[Record] = []
+        self.records: RecordBatch = _EMPTY
         self.parts: list[tuple[Chunk, int]] = []  # (chunk, how many of its records)
         self.lanes: list[Hashable] = []  # exclusive lanes to release
         self.nbytes = 0
+
+
+_EMPTY = RecordBatch([])
 
 
 class Dispatcher:
@@ -79,7 +82,12 @@ class Dispatcher:
     def __init__(self, ordering: Ordering, max_batch: int) -> None:
         self._ordering = ordering
         self._max_batch = max_batch
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # Workers wait on _cond for a ready lane; the fetch thread waits on _changed for
+        # held records to go down or in-flight work to finish. Separate conditions (one
+        # lock), so finishing a batch wakes one worker per lane it frees, not all of them.
+        self._cond = threading.Condition(lock)
+        self._changed = threading.Condition(lock)
         self._lanes: dict[Hashable, deque[Any]] = {}
         self._ready: deque[Hashable] = deque()
         self._busy: set[Hashable] = set()
@@ -98,7 +106,7 @@ class Dispatcher:
                         self._append(lane, (r, chunk))
                 else:
                     self._append(chunk.tp if self._ordering == "partition" else None, chunk)
-                self.held += len(chunk.records)
+                self.held += chunk.count
                 self.held_bytes += chunk.nbytes
             self.max_held = max(self.max_held, self.held)
             self._cond.notify(len(chunks))
@@ -131,11 +139,19 @@ class Dispatcher:
         lane = self._ready.popleft()
         q = self._lanes[lane]
         limit = self._max_batch
-        while q and (not batch.records or len(batch.records) + len(q[0].records) <= limit):
-            chunk: Chunk = q.popleft()
-            batch.records.extend(chunk.records)
-            batch.parts.append((chunk, len(chunk.records)))
+        chunk: Chunk = q.popleft()
+        items, convert, n = chunk.items, chunk.convert, chunk.count
+        batch.parts.append((chunk, n))
+        batch.nbytes += chunk.nbytes
+        while q and n + q[0].count <= limit and q[0].convert is convert:
+            if len(batch.parts) == 1:
+                items = list(items)  # the chunk's own list stays as it is
+            chunk = q.popleft()
+            items.extend(chunk.items)
+            n += chunk.count
+            batch.parts.append((chunk, chunk.count))
             batch.nbytes += chunk.nbytes
+        batch.records = RecordBatch(items, convert)
         if lane is None:  # the shared lane of ordering="none" is never exclusive
             if q:
                 self._ready.appendleft(lane)
@@ -151,12 +167,13 @@ class Dispatcher:
     def _take_records(self, batch: Batch) -> None:
         counts: dict[int, list[Any]] = {}
         limit = self._max_batch
-        while self._ready and len(batch.records) < limit:
+        records: list[Record] = []
+        while self._ready and len(records) < limit:
             lane = self._ready.popleft()
             q = self._lanes[lane]
-            while q and len(batch.records) < limit:
+            while q and len(records) < limit:
                 record, chunk = q.popleft()
-                batch.records.append(record)
+                records.append(record)
                 entry = counts.get(id(chunk))
                 if entry is None:
                     counts[id(chunk)] = [chunk, 1]
@@ -168,19 +185,24 @@ class Dispatcher:
             if not q:
                 del self._lanes[lane]
         batch.parts = [(c, n) for c, n in counts.values()]
+        batch.records = RecordBatch(records)
 
     def done(self, batch: Batch) -> None:
         """Release the batch's lanes and its share of the bound."""
         with self._cond:
+            ready = 0
             for lane in batch.lanes:
                 self._busy.discard(lane)
                 if lane in self._lanes:
                     self._ready.append(lane)
+                    ready += 1
             for chunk, n in batch.parts:
                 self._inflight[chunk.tp] -= n
             self.held -= len(batch.records)
             self.held_bytes -= batch.nbytes
-            self._cond.notify_all()
+            if ready:
+                self._cond.notify(ready)
+            self._changed.notify_all()
 
     def drop(self, tps: set[TopicPartition]) -> int:
         """Remove queued (not yet taken) records of ``tps``; returns how many."""
@@ -193,7 +215,7 @@ class Dispatcher:
                     chunk = item if isinstance(item, Chunk) else item[1]
                     if chunk.tp in tps:
                         if isinstance(item, Chunk):
-                            dropped += len(item.records)
+                            dropped += item.count
                             dropped_bytes += item.nbytes
                         else:
                             dropped += 1
@@ -207,20 +229,20 @@ class Dispatcher:
             self._ready = deque(lane for lane in self._ready if lane in self._lanes)
             self.held -= dropped
             self.held_bytes -= dropped_bytes
-            self._cond.notify_all()
+            self._changed.notify_all()
         return dropped
 
     def wait_idle(self, tps: Sequence[TopicPartition], timeout: float) -> bool:
         """Wait until no batch of ``tps`` is being processed; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(
+        with self._changed:
+            return self._changed.wait_for(
                 lambda: all(self._inflight.get(tp, 0) <= 0 for tp in tps), max(0.0, timeout)
             )
 
     def wait_below(self, count: int, nbytes: int, timeout: float) -> bool:
         """Wait until at most ``count`` records and ``nbytes`` bytes are held."""
-        with self._cond:
-            return self._cond.wait_for(
+        with self._changed:
+            return self._changed.wait_for(
                 lambda: self.held <= count and self.held_bytes <= nbytes, max(0.0, timeout)
             )
 
@@ -228,6 +250,7 @@ class Dispatcher:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
+            self._changed.notify_all()
 
 
 def _fatal(exc: BaseException) -> bool:
@@ -290,15 +313,15 @@ class Runner:
         except BrokenProcessPool as exc:
             raise ConsumerError(f"a handler process died: {exc}") from exc
 
-    def process(self, records: list[Record]) -> None:
+    def process(self, records: Sequence[Record]) -> None:
         if self._pool is None:
             self.handler.process(records)
         else:
-            self._wait(self._pool.submit(_child_process, records))
+            self._wait(self._pool.submit(_child_process, list(records)))
 
     def transaction(
         self,
-        records: list[Record],
+        records: Sequence[Record],
         offsets: dict[TopicPartition, int],
         guard: Callable[[], threading.Lock | None],
         is_current: Callable[[], bool],
@@ -310,7 +333,7 @@ class Runner:
             # commit in the child; this check only avoids work for a revoked partition.
             if not is_current():
                 raise FencedError("partition revoked before the batch ran")
-            self._wait(self._pool.submit(_child_transaction, records, offsets))
+            self._wait(self._pool.submit(_child_transaction, list(records), offsets))
             return
         try:
             handler.process(records)
@@ -488,7 +511,7 @@ class WorkerPool:
     # -- exactly-once -----------------------------------------------------------------
 
     def _transaction(
-        self, records: list[Record], next_offset: int, epoch: int, tp: TopicPartition
+        self, records: Sequence[Record], next_offset: int, epoch: int, tp: TopicPartition
     ) -> None:
         offsets = self._offsets
         try:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import sqlite_utils
 
-from logsdk.consumer._records import Record, TopicPartition
+from logsdk.consumer._records import Record, RecordBatch, TopicPartition, columns_of
 from logsdk.errors import ConfigError, FencedError, SinkError
 
 PRODUCER_HEADER = "logsdk.producer"
@@ -29,24 +30,29 @@ SEQ_HEADER = "logsdk.seq"
 OFFSETS_TABLE = "logsdk_offsets"
 SEEN_TABLE = "logsdk_seen"
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+#: Rows per multi-row INSERT (x 8 columns stays below SQLite's oldest 999-variable limit).
+_ROWS_PER_INSERT = 64
 
 
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
-        self.rows: list[tuple[Any, ...]] = []
-        self.first: dict[TopicPartition, int] = {}
+        self.staged: list[Sequence[Record]] = []
 
 
 class SQLiteSink:
     """A :class:`~logsdk.TransactionalHandler` that stores records in an SQLite table.
 
-    ``process`` only stages rows; ``commit(offsets)`` writes the rows and the offsets
-    in one ``BEGIN IMMEDIATE`` transaction; ``rollback`` drops the staged rows. It is
-    called from several worker threads at once (one partition each): every thread has
-    its own connection and its own staged batch. With ``dedupe=True`` a record whose
-    (``logsdk.producer``, ``logsdk.seq``) headers were already stored is skipped, which
-    removes duplicates a producer sent (at-least-once on the wire).
+    ``process`` only stages the records; ``commit(offsets)`` turns them into rows and
+    writes the rows and the offsets in one ``BEGIN IMMEDIATE`` transaction; ``rollback``
+    drops the staged records. It is called from several worker threads at once (one
+    partition each): every thread has its own connection and its own staged batch.
+    Rows are built while this process's write lock is held: Python work done by other
+    threads meanwhile would take the GIL from the writer after each row it inserts.
+
+    With ``dedupe=True`` a record whose (``logsdk.producer``, ``logsdk.seq``) headers
+    were already stored is skipped, which removes duplicates a producer sent
+    (at-least-once on the wire).
 
     The constructor creates the database file and tables if missing. Picklable (for
     ``executor="process"``): a copy reconnects in the process that uses it.
@@ -84,12 +90,15 @@ class SQLiteSink:
         # SQLite has one writer at a time; queueing this process's writers on a lock
         # avoids the busy handler's sleeps (up to 100 ms each) when threads collide.
         self._write_lock = threading.Lock()
-        self._insert = (
-            f"INSERT INTO [{self.table}] (topic, partition, offset, key, value, timestamp, "
-            "producer, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        columns = "(topic, partition, offset, key, value, timestamp, producer, seq)"
+        self._insert = f"INSERT INTO [{self.table}] {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        # Many rows per statement: one sqlite3 step (one GIL release) per _ROWS_PER_INSERT.
+        self._insert_many = f"INSERT INTO [{self.table}] {columns} VALUES " + ", ".join(
+            ["(?, ?, ?, ?, ?, ?, ?, ?)"] * _ROWS_PER_INSERT
         )
         #: Records skipped by dedupe in this process.
         self.deduplicated = 0
+        self._producers: dict[bytes, str] = {}  # producer header -> decoded name
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -161,32 +170,79 @@ class SQLiteSink:
 
     def process(self, records: Sequence[Record]) -> None:
         """Stage ``records`` for the next :meth:`commit` on this thread."""
-        state = self._local
-        rows = state.rows
-        first = state.first
-        for r in records:
-            producer = seq = None
-            for k, v in r.headers:
-                if k == PRODUCER_HEADER:
-                    producer = v.decode("utf-8", "replace")
-                elif k == SEQ_HEADER:
-                    try:
-                        seq = int(v)
-                    except ValueError:
-                        seq = None
-            rows.append(
-                (r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, producer, seq)
-            )
-            first.setdefault((r.topic, r.partition), r.offset)
+        # A RecordBatch is immutable; a caller's own list is copied.
+        self._local.staged.append(records if isinstance(records, RecordBatch) else list(records))
 
     def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Write the staged rows and ``offsets`` in one transaction (FencedError if stale)."""
         state = self._local
-        rows, first = state.rows, state.first
-        state.rows, state.first = [], {}
+        staged, state.staged = state.staged, []
         conn = self._connect()
         with self._write_lock:
+            rows, first = self._rows(staged)
             self._commit(conn, offsets, rows, first)
+
+    def _rows(
+        self, staged: list[Sequence[Record]]
+    ) -> tuple[list[tuple[Any, ...]], dict[TopicPartition, int]]:
+        """The table rows of the staged records, and each partition's first offset."""
+        rows: list[tuple[Any, ...]] = []
+        first: dict[TopicPartition, int] = {}
+        for records in staged:
+            if not records:
+                continue
+            cols = records.columns() if isinstance(records, RecordBatch) else columns_of(records)
+            topics, partitions, offsets = cols.topics, cols.partitions, cols.offsets
+            n = len(offsets)
+            if topics.count(topics[0]) == n and partitions.count(partitions[0]) == n:
+                first.setdefault((topics[0], partitions[0]), offsets[0])
+            else:
+                for tp, offset in zip(zip(topics, partitions, strict=True), offsets, strict=True):
+                    first.setdefault(tp, offset)
+            producers, seqs = self._header_columns(cols.headers)
+            rows.extend(
+                zip(
+                    topics,
+                    partitions,
+                    offsets,
+                    cols.keys,
+                    cols.values,
+                    cols.timestamps,
+                    producers,
+                    seqs,
+                    strict=True,
+                )
+            )
+        return rows, first
+
+    def _header_columns(
+        self, headers: Sequence[list[tuple[str, bytes]]]
+    ) -> tuple[list[str | None], list[int | None]]:
+        """The producer and seq header of each record (the last of a name wins)."""
+        producers: list[str | None] = []
+        seqs: list[int | None] = []
+        add_producer, add_seq = producers.append, seqs.append
+        names = self._producers
+        if len(names) > 10_000:
+            names.clear()
+        for hs in headers:
+            producer = seq = None
+            if hs:
+                h = dict(hs)
+                p = h.get(PRODUCER_HEADER)
+                if p is not None:
+                    producer = names.get(p)
+                    if producer is None:
+                        producer = names[p] = p.decode("utf-8", "replace")
+                v = h.get(SEQ_HEADER)
+                if v is not None:
+                    try:
+                        seq = int(v)
+                    except (TypeError, ValueError):
+                        seq = None
+            add_producer(producer)
+            add_seq(seq)
+        return producers, seqs
 
     def _commit(
         self,
@@ -220,7 +276,7 @@ class SQLiteSink:
                 )
             if self.dedupe:
                 rows = self._dedupe(conn, rows)
-            conn.executemany(self._insert, rows)
+            self._insert_rows(conn, rows)
             conn.execute("COMMIT")
         except FencedError:
             self._rollback(conn)
@@ -228,6 +284,17 @@ class SQLiteSink:
         except sqlite3.Error as exc:
             self._rollback(conn)
             raise SinkError(f"SQLite commit to {self.path} failed: {exc}") from exc
+
+    def _insert_rows(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        k = _ROWS_PER_INSERT
+        full = len(rows) - len(rows) % k
+        if full:
+            conn.executemany(
+                self._insert_many,
+                [tuple(chain.from_iterable(rows[i : i + k])) for i in range(0, full, k)],
+            )
+        if full < len(rows):
+            conn.executemany(self._insert, rows[full:])
 
     def _dedupe(
         self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]
@@ -252,8 +319,8 @@ class SQLiteSink:
             conn.execute("ROLLBACK")
 
     def rollback(self, error: BaseException) -> None:
-        """Drop this thread's staged rows (and any open transaction)."""
-        self._local.rows, self._local.first = [], {}
+        """Drop this thread's staged records (and any open transaction)."""
+        self._local.staged = []
         conn = self._local.conn
         if conn is not None:
             try:

@@ -326,3 +326,25 @@ def test_process_executor_exactly_once(
             assert c.stats()["processed"] == n
         rows = _sink_rows(db)
     assert sorted(rows) == sorted({(i % 2, i // 2) for i in range(n)})
+
+
+def test_error_events_among_records_are_skipped(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """Partition-EOF events come back from consume() between records: none is lost."""
+    topic = fresh_topic(2)
+    n = 500
+    produce(kafka_broker.client_config("producer"), topic, n, partitions=2)
+    handler = Collect()
+    config = {**kafka_broker.client_config("consumer"), "enable.partition.eof": True}
+    c = LogConsumer(
+        group_id=f"eof-{topic}", topics=[topic], handler=handler, workers=2, kafka_config=config
+    )
+    with c:
+        wait_until(lambda: handler.count() >= n or c.error is not None, 60, "all records")
+        assert c.error is None
+        produce(kafka_broker.client_config("producer"), topic, n, partitions=2)
+        wait_until(lambda: handler.count() >= 2 * n or c.error is not None, 60, "more records")
+        stats = c.stats()
+    assert sorted(handler.seen) == [(p, o) for p in range(2) for o in range(n)]
+    assert stats["error"] is None

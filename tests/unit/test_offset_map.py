@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from logsdk.consumer import Record
-from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
+from logsdk.consumer._offsets import Chunk, OffsetMap, RangeSet, encode_completed, ranges_for
+from logsdk.consumer._records import RecordBatch, RecordColumns, columns_of
 
 TP = ("t", 0)
 
@@ -104,3 +108,58 @@ def test_stale_records_before_a_seek_are_dropped() -> None:
     om.assign(TP, start=5)
     _, kept = om.admit(TP, [Record("t", 0, o, None, None) for o in (3, 4, 5, 6)])
     assert [r.offset for r in kept] == [5, 6]
+
+
+def test_admit_run_reads_offsets_only_when_some_may_be_dropped() -> None:
+    """A run is admitted by first/last offset; offsets() is asked for only near a seek or skip."""
+    om = OffsetMap()
+    om.assign(TP, start=10, skip=[(20, 22)])
+    calls: list[int] = []
+
+    def offsets(offs: list[int]) -> Callable[[], list[int]]:
+        def get() -> list[int]:
+            calls.append(len(offs))
+            return offs
+
+        return get
+
+    epoch = om.epoch(TP)
+    assert om.admit_run(TP, 10, 14, offsets([10, 11, 12, 14])) == (epoch, None)
+    assert calls == []
+    # Overlaps the skip range [20, 22): only 19 and 22 are kept.
+    assert om.admit_run(TP, 19, 22, offsets([19, 20, 21, 22])) == (epoch, [0, 3])
+    # Below the fetch position (records from before a seek): dropped.
+    assert om.admit_run(TP, 21, 22, offsets([21, 22])) == (epoch, [])
+    assert om.admit_run(TP, 22, 25, offsets([22, 23, 25])) == (epoch, [1, 2])
+    assert calls == [4, 2, 3]
+    assert om.positions()[TP][0] == 26
+
+
+def test_range_set_overlaps() -> None:
+    s = RangeSet([(5, 8), (10, 12)])
+    assert not s.overlaps(0, 5)
+    assert s.overlaps(0, 6)
+    assert s.overlaps(7, 9)
+    assert not s.overlaps(8, 10)
+    assert s.overlaps(11, 100)
+    assert not s.overlaps(12, 100)
+
+
+def test_record_batch_converts_once_and_only_when_read() -> None:
+    """len() needs no conversion; the first read converts every item once."""
+    converted: list[int] = []
+
+    def convert(items: list[Any]) -> RecordColumns:
+        converted.append(len(items))
+        return columns_of([Record("t", 0, o, None, b"v") for o in items])
+
+    batch = RecordBatch([3, 4, 5], convert)
+    assert len(batch) == 3
+    assert converted == []
+    assert batch[0].offset == 3
+    assert [r.offset for r in batch[1:]] == [4, 5]
+    assert [r.offset for r in batch] == [3, 4, 5]
+    assert batch == [Record("t", 0, o, None, b"v") for o in (3, 4, 5)]
+    assert converted == [3]
+    plain = RecordBatch([Record("t", 0, 1, None, None)])
+    assert plain[0].offset == 1

@@ -133,3 +133,25 @@ def test_bad_arguments(tmp_path: Path) -> None:
         SQLiteSink(tmp_path / "s.db", table="x; drop")
     with pytest.raises(ConfigError, match="synchronous"):
         SQLiteSink(tmp_path / "s.db", synchronous="sometimes")
+
+
+def test_large_batch_rows_and_header_columns(tmp_path: Path) -> None:
+    """Batches over the multi-row INSERT size keep every row and field, in order."""
+    batch = recs(range(0, 150), producer=b"p1")  # 2 x 64 rows per statement + 22 singly
+    batch[3].headers = [("logsdk.seq", b"bad"), ("other", b"x")]
+    batch[4].headers = []
+    with SQLiteSink(tmp_path / "s.db") as sink:
+        sink.process(batch[:100])
+        sink.process(batch[100:])
+        sink.commit({TP: 150})
+        assert sink.count() == 150
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        got = conn.execute(
+            "SELECT offset, value, timestamp, producer, seq FROM records ORDER BY rowid"
+        ).fetchall()
+    conn.close()
+    assert [g[0] for g in got] == list(range(150))
+    assert got[0] == (0, b"v0", 1, "p1", 0)
+    assert got[3] == (3, b"v3", 1, None, None)
+    assert got[4] == (4, b"v4", 1, None, None)
+    assert got[149] == (149, b"v149", 1, "p1", 149)
