@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,18 @@ class Run:
     events: list[tuple[float, str]] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def _reaped(run: Run) -> Iterator[None]:
+    """Every producer and consumer child is SIGKILLed when the run ends, however it ends:
+    a checker that raised must not leave them reconnecting to a dead broker for ever."""
+    try:
+        yield
+    finally:
+        for proc in [*run.producers, *run.consumers]:
+            with contextlib.suppress(Exception):
+                proc.kill()
+
+
 def _shm_available() -> bool:
     """True when this build has the shared-memory buffer (``buffer="shm"``)."""
     import importlib.util
@@ -323,7 +336,7 @@ def chaos(
     db = work / "sink.db"
     me = [sys.executable, "-m", "logsdk.testing.chaos"]
     t_start = time.monotonic()
-    with EmbeddedBroker(durable=True, proxy=True) as broker:
+    with EmbeddedBroker(durable=True, proxy=True) as broker, _reaped(run):
         create_topic(broker.bootstrap_servers, TOPIC, PARTITIONS)
         for i in range(producers):
             # p0: memory buffer with a small spool (the one the nemesis fills);
@@ -384,8 +397,8 @@ def chaos(
         # What reached Kafka, read once the producers are done: the consumers must store
         # all of it. Waiting on this (not on a count) tells a slow consumer from a loss.
         # The durable broker serves each produced batch as one object from its (moto) S3
-        # store: reading ~700k records takes minutes. Give up only when it stops moving.
-        msgs = read_topic(broker.bootstrap_servers, TOPIC, timeout=3600, stall_timeout=120)
+        # store: reading ~700k records takes minutes. Give up only after 5 minutes without a record.
+        msgs = read_topic(broker.bootstrap_servers, TOPIC, timeout=3600, stall_timeout=300)
         wire = check_delivery(msgs)
         del msgs
         in_topic = {pid: wire.seqs.get(pid, set()) & exp for pid, exp in expected.items()}
