@@ -400,6 +400,7 @@ def chaos(
         # store: reading ~700k records takes minutes. Give up only after 5 minutes without a record.
         msgs = read_topic(broker.bootstrap_servers, TOPIC, timeout=3600, stall_timeout=300)
         wire = check_delivery(msgs)
+        gaps = _offset_gaps(msgs)
         del msgs
         in_topic = {pid: wire.seqs.get(pid, set()) & exp for pid, exp in expected.items()}
         want = sum(len(v) for v in in_topic.values())
@@ -458,6 +459,10 @@ def chaos(
         "lost_on_close": sum(lost_on_close.values()),
         "wire_duplicates": wire.duplicates,
         "order_violations": wire.order_violations,
+        # Offsets the broker assigned but could not serve: with an idempotent producer and
+        # no transactions a partition's offsets are contiguous, so a hole means the broker
+        # acknowledged a batch and lost it (not the SDK, which never saw an offset).
+        "offset_gaps": gaps,
         "max_latency_s": round(latency, 3),
         "degraded_s": round(degraded, 1),
         "shm": shm,
@@ -468,6 +473,22 @@ def chaos(
         "verdict": "ok" if ok else "FAIL",
         "work_dir": str(work),
     }
+
+
+def _offset_gaps(msgs: list[Any]) -> list[str]:
+    """Holes in each partition's offsets, as ``"p<partition>: <first>-<last>"``."""
+    by_part: dict[int, list[int]] = {}
+    for m in msgs:
+        by_part.setdefault(m.partition(), []).append(m.offset())
+    out = []
+    for part, offsets in sorted(by_part.items()):
+        offsets.sort()
+        prev = -1  # read from the beginning of a topic nothing was deleted from
+        for off in offsets:
+            if off > prev + 1:
+                out.append(f"p{part}: {prev + 1}-{off - 1}")
+            prev = max(prev, off)
+    return out
 
 
 def _drain_leftover_spools(run: Run, bootstrap: str) -> None:
@@ -547,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("accepted", "in_sink", "missing", "duplicates", "dropped", "max_latency_s"):
         print(f"{k:16} {verdict[k]}")
     print(f"{'degraded_s':16} {verdict['degraded_s']}")
+    print(f"{'offset_gaps':16} {len(verdict['offset_gaps'])} {verdict['offset_gaps'][:10]}")
     print(f"{'events':16} {len(verdict['events'])}: {', '.join(verdict['events'])}")
     print(f"verdict          {verdict['verdict']}")
     if args.results:
