@@ -459,9 +459,10 @@ def chaos(
         "lost_on_close": sum(lost_on_close.values()),
         "wire_duplicates": wire.duplicates,
         "order_violations": wire.order_violations,
-        # Offsets the broker assigned but could not serve: with an idempotent producer and
-        # no transactions a partition's offsets are contiguous, so a hole means the broker
-        # acknowledged a batch and lost it (not the SDK, which never saw an offset).
+        # Offsets the broker assigned but cannot serve: with no transactions a partition's
+        # offsets are contiguous, so a hole is a batch the broker appended and then lost
+        # (after a SIGKILL). Not a loss by itself: a batch whose ack never arrived is resent.
+        # Lost records *without* a hole nearby were never appended at all.
         "offset_gaps": gaps,
         "max_latency_s": round(latency, 3),
         "degraded_s": round(degraded, 1),
