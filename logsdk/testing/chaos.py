@@ -71,7 +71,11 @@ def _producer_child(args: argparse.Namespace) -> int:
         kw["when_full"] = "drop_oldest"
     if args.buffer == "shm":
         kw["buffer"] = "shm"
+    # librdkafka's idempotence log (producer ids, epochs, "duplicate sequence" replies):
+    # what the checker needs to tell a broker that acked without appending from a loss.
+    kw["kafka_config"] = {**kw["kafka_config"], "debug": "eos"}
     p = LogProducer(args.bootstrap, TOPIC, args.spool, **kw)
+    _trace_acks(p, Path(args.report).with_suffix(".acks"))
     stop = Path(args.stop)
     report = open(args.report, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     start_seq = p.stats().get("next_seq")
@@ -109,6 +113,53 @@ def _producer_child(args: argparse.Namespace) -> int:
     write(final=True)
     report.close()
     return 0
+
+
+def _trace_acks(p: Any, path: Path) -> None:
+    """Append one line per delivery report to ``path``: ``seq partition offset error``.
+
+    Part of the checker's history (as a Jepsen history records every operation's
+    outcome): a missing record acknowledged at offset -1 got a "duplicate sequence"
+    reply, one acknowledged at an offset the topic holds another record at was acked
+    and not kept, and one never acknowledged was lost before Kafka. librdkafka's debug
+    log (``eos``) goes next to it, with the producer ids and epochs it was given.
+    """
+    from logsdk.producer._producer import _seq_of
+
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - line-buffered: a SIGKILL loses no line
+    out.write(f"# pid {os.getpid()}\n")
+    rd = logging.getLogger("logsdk.librdkafka")
+    h = logging.FileHandler(path.with_suffix(".rdkafka.log"))
+    h.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    rd.addHandler(h)
+    rd.setLevel(logging.DEBUG)
+    rd.propagate = False
+
+    def line(seq: int, err: Any, msg: Any) -> None:
+        code = 0 if err is None else err.code()
+        out.write(f"{seq} {msg.partition()} {msg.offset()} {code} {time.time():.3f}\n")
+
+    base = p._record
+
+    class Traced(base):  # type: ignore[misc,valid-type]
+        __slots__ = ()
+
+        def __call__(self, err: Any, msg: Any) -> None:
+            line(self[5], err, msg)
+            base.__call__(self, err, msg)
+
+    p._record = Traced
+    replay = p._on_replay_delivery
+
+    def on_replay(rid: int, err: Any, msg: Any) -> None:
+        try:
+            seq = _seq_of(msg)
+        except Exception:  # a purged report has no headers
+            seq = -1
+        line(seq, err, msg)
+        replay(rid, err, msg)
+
+    p._on_replay_delivery = on_replay
 
 
 def _consumer_child(args: argparse.Namespace) -> int:
@@ -426,7 +477,8 @@ def chaos(
                     c.kill()
     found, rows = _sink(db)
     in_sink = sum(len(v) for v in found.values())
-    missing_by = {pid: len(expected[pid] - found.get(pid, set())) for pid in expected}
+    lost_sets = {pid: expected[pid] - found.get(pid, set()) for pid in expected}
+    missing_by = {pid: len(seqs) for pid, seqs in lost_sets.items()}
     missing = sum(missing_by.values())
     # Where the missing ones are: never in Kafka (producer/broker side), or in Kafka but
     # not stored (consumer side).
@@ -437,6 +489,16 @@ def chaos(
         with contextlib.suppress(OSError, ValueError):
             latency = max(latency, float((work / f"{c.name}.latency").read_text()))
     duplicates = rows - in_sink
+    # Only producers whose own drop counters do not explain their missing records.
+    why = _explain_missing(
+        work,
+        {
+            pid: seqs
+            for pid, seqs in lost_sets.items()
+            if len(seqs) > dropped.get(pid, 0) + lost_on_close.get(pid, 0)
+        },
+        db,
+    )
     # Per producer: a record its overflow policy dropped may still have reached Kafka (an
     # in-flight send that was purged, spooled, then dropped), so drops can explain at
     # most themselves, and only for the producer that counted them.
@@ -464,6 +526,8 @@ def chaos(
         # (after a SIGKILL). Not a loss by itself: a batch whose ack never arrived is resent.
         # Lost records *without* a hole nearby were never appended at all.
         "offset_gaps": gaps,
+        # The producers' delivery reports of the missing records (see _explain_missing).
+        "missing_reports": why,
         "max_latency_s": round(latency, 3),
         "degraded_s": round(degraded, 1),
         "shm": shm,
@@ -474,6 +538,66 @@ def chaos(
         "verdict": "ok" if ok else "FAIL",
         "work_dir": str(work),
     }
+
+
+def _explain_missing(
+    work: Path, missing: dict[str, set[int]], db: Path, limit: int = 5
+) -> dict[str, Any]:
+    """What the producers' delivery reports say about each missing record.
+
+    ``dupseq``: acknowledged with offset -1 (librdkafka turns a "duplicate sequence
+    number" reply into success); ``acked_taken``: acknowledged at an offset where the
+    topic holds another record; ``acked_empty``: acknowledged at an offset nobody holds;
+    ``failed_only``: only failure reports; ``no_report``: never reported at all.
+    """
+    want = {pid: seqs for pid, seqs in missing.items() if seqs}
+    if not want:
+        return {}
+    reports: dict[str, dict[int, list[tuple[int, int, int]]]] = {pid: {} for pid in want}
+    for rep in sorted(work.glob("p*.jsonl")):
+        try:
+            pid = json.loads(rep.read_text().splitlines()[0])["producer_id"]
+        except (IndexError, KeyError, ValueError):
+            continue
+        acks = rep.with_suffix(".acks")
+        if pid not in want or not acks.exists():
+            continue
+        seqs, mine = want[pid], reports[pid]
+        for raw in acks.read_text().splitlines():
+            f = raw.split()
+            if len(f) < 4 or raw.startswith("#"):
+                continue
+            with contextlib.suppress(ValueError):
+                seq = int(f[0])
+                if seq in seqs:
+                    mine.setdefault(seq, []).append((int(f[1]), int(f[2]), int(f[3])))
+    conn = sqlite3.connect(db, timeout=60)
+    try:
+        kinds: dict[str, int] = {}
+        examples: list[str] = []
+        for pid, seqs in want.items():
+            for seq in sorted(seqs):
+                got = reports[pid].get(seq, [])
+                oks = [(part, off) for part, off, code in got if code == 0]
+                if not got:
+                    kind = "no_report"
+                elif not oks:
+                    kind = "failed_only"
+                elif any(off < 0 for _part, off in oks):
+                    kind = "dupseq"
+                else:
+                    part, off = oks[-1]
+                    row = conn.execute(
+                        'SELECT producer, seq FROM records WHERE partition=? AND "offset"=?',
+                        (part, off),
+                    ).fetchone()
+                    kind = "acked_empty" if row is None else "acked_taken"
+                kinds[kind] = kinds.get(kind, 0) + 1
+                if len(examples) < limit:
+                    examples.append(f"{pid[:8]}:{seq} {kind} {got}")
+    finally:
+        conn.close()
+    return {**kinds, "examples": examples}
 
 
 def _offset_gaps(msgs: list[Any]) -> list[str]:
@@ -570,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:16} {verdict[k]}")
     print(f"{'degraded_s':16} {verdict['degraded_s']}")
     print(f"{'offset_gaps':16} {len(verdict['offset_gaps'])} {verdict['offset_gaps'][:10]}")
+    if verdict["missing_reports"]:
+        print(f"{'missing_reports':16} {verdict['missing_reports']}")
     print(f"{'events':16} {len(verdict['events'])}: {', '.join(verdict['events'])}")
     print(f"verdict          {verdict['verdict']}")
     if args.results:
