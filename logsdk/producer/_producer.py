@@ -59,6 +59,14 @@ HEADER_SEQ = "logsdk.seq"
 _SEQ_BLOCK = 1 << 20  # sequence numbers reserved on disk at a time
 _PURGE_WAIT_S = 30.0  # how long a purge may take to hand records back
 _SPOOL_BATCH = 5_000  # records per spool transaction
+#: A delivery report without an error but without an offset either. librdkafka reports a
+#: DUPLICATE_SEQUENCE_NUMBER reply as a success with no offset: the broker says it already
+#: has the batch. Apache Kafka only says so for a batch it stored, but a broker that saved
+#: the producer's sequence and then failed before storing the batch (Tansu 0.6 with S3
+#: storage does this after a crash) says so too, and the records are gone. Such records are
+#: treated as possibly persisted: spooled and resent (a duplicate at worst, which the
+#: headers identify), never counted as acknowledged.
+_UNCONFIRMED = "delivery reported without an offset (duplicate sequence reply); resending"
 
 #: A record in memory: topic, key, value, user headers, timestamp ms, seq.
 Rec = tuple[str, bytes | None, bytes | None, Headers | None, int | None, int]
@@ -82,7 +90,8 @@ class _Record(tuple[str, bytes | None, bytes | None, Headers | None, int | None,
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         p = self._producer
-        if err is None:  # _on_delivery()'s ack path, inlined: one call per record
+        # _on_delivery()'s ack path, inlined (no chain of unconfirmed reports under way)
+        if err is None and not p._dupseq and msg.offset() is not None:
             p._n_acked += 1
             p._last_ack = time.monotonic()
             if p._shm is not None:
@@ -261,6 +270,10 @@ class LogProducer:
         self._n_replayed = 0
         self._n_spooled = 0
         self._n_possible_dups = 0
+        self._n_unconfirmed = 0  # "delivered" reports without an offset: resent
+        # (topic, partition) -> the offset librdkafka gives the next record of a batch whose
+        # first record came back without one (see _unconfirmed); empty almost always.
+        self._dupseq: dict[tuple[str | None, int | None], int] = {}
         self._failed: list[Rec] = []
         self._in_transit = 0  # records between memory and the spool (a commit under way)
         self._rejects: list[tuple[Row, str]] = []
@@ -479,6 +492,7 @@ class LogProducer:
             "spool_bytes": self._spool.bytes,
             "recovered_at_start": self._recovered_at_start,
             "possible_duplicates": self._n_possible_dups,
+            "unconfirmed_acks": self._n_unconfirmed,
             "transitions": self._transitions,
             "degraded_s": round(
                 self._degraded_s
@@ -619,10 +633,19 @@ class LogProducer:
 
     def _on_delivery(self, rec: Rec, err: KafkaError | None, msg: Message) -> None:
         if err is None:
-            self._n_acked += 1
-            self._last_ack = time.monotonic()
-            if self._shm is not None:
-                self._shm.settle(rec[5])
+            if not self._unconfirmed(msg):
+                self._n_acked += 1
+                self._last_ack = time.monotonic()
+                if self._shm is not None:
+                    self._shm.settle(rec[5])
+                return
+            # Unconfirmed: handled below as a delivery that possibly persisted the record.
+            self._n_unconfirmed += 1
+            self._errors["unconfirmed_ack"] += 1
+            self._n_possible_dups += 1
+            self._failed.append(rec)
+            self._n_failed += 1
+            self._request_degrade(_UNCONFIRMED)
             return
         if _client.is_record_error(err):
             self._reject(rec, err)
@@ -638,11 +661,17 @@ class LogProducer:
     def _on_replay_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
         # Runs once per replayed record: the ack path only moves the id; the counters
         # and the ack clock are updated per batch in _settle_spool.
-        if err is None:
+        if err is None and not self._unconfirmed(msg):
             self._acked_bytes += self._replay_inflight.pop(rid, 0)
             self._acked_ids.append(rid)
             return
         self._replay_inflight.pop(rid, None)
+        if err is None:  # unconfirmed (see _UNCONFIRMED): the row stays, and is resent
+            self._n_unconfirmed += 1
+            self._errors["unconfirmed_ack"] += 1
+            self._n_possible_dups += 1
+            self._request_degrade(_UNCONFIRMED)
+            return
         if _client.is_record_error(err):
             with self._lock:
                 self._n_rejected += 1
@@ -654,6 +683,34 @@ class LogProducer:
             self._n_possible_dups += 1
         self._errors[err.name()] += 1
         self._request_degrade(f"replay delivery failed: {err.str()}")
+
+    def _unconfirmed(self, msg: Message) -> bool:
+        """True for a "delivered" report that no offset confirms (see ``_UNCONFIRMED``).
+
+        librdkafka gives the batch's base offset to its first record and base+i to the
+        others; after a duplicate-sequence reply the base is -1, so the first record has no
+        offset and the rest of its batch come right after it (in the same poll) with the
+        offsets 0, 1, 2... Those are unconfirmed too. The chain ends at the first report of
+        that partition that breaks it, and at the end of the poll (``_polled``).
+        """
+        off = msg.offset()
+        key = (msg.topic(), msg.partition())
+        if off is None:
+            self._dupseq[key] = 0
+            return True
+        nxt = self._dupseq.get(key)
+        if nxt is None:
+            return False
+        if off == nxt:
+            self._dupseq[key] = nxt + 1
+            return True
+        del self._dupseq[key]
+        return False
+
+    def _polled(self) -> None:
+        """A poll or flush returned: every batch it reported is complete."""
+        if self._dupseq:
+            self._dupseq.clear()
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -692,6 +749,7 @@ class LogProducer:
                 try:
                     if client is not None:
                         client.poll(0.01)
+                        self._polled()
                     else:
                         self._wake.wait(0.01)
                 except Exception:  # poll() may raise a fatal client error: degrade
@@ -705,8 +763,10 @@ class LogProducer:
         client = self._client
         if client is not None:
             client.poll(0)
+            self._polled()
         for z, _since in list(self._zombies):
             z.poll(0)
+            self._polled()
         reason, self._want_degrade = self._want_degrade, None
         if reason is not None and self._state is not State.DEGRADED:
             self._degrade(reason)
@@ -773,6 +833,7 @@ class LogProducer:
         deadline = time.monotonic() + _PURGE_WAIT_S
         while (self._outstanding() > 0 or self._replay_inflight) and time.monotonic() < deadline:
             client.poll(0.05)
+            self._polled()
         if self._outstanding() > 0 or self._replay_inflight:
             # Never drop a client that still owes delivery reports: its records would be lost.
             log.error(
@@ -1090,6 +1151,7 @@ class LogProducer:
         self._retire_client()
         for z, _ in self._zombies:
             z.flush(5)
+            self._polled()
         self._settle_spool()
         while self._failed or self._backlog:
             before = len(self._failed) + len(self._backlog)

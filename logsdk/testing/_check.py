@@ -25,6 +25,9 @@ class DeliveryReport:
     duplicates: int = 0
     without_headers: int = 0
     order_violations: int = 0
+    #: ``(producer id, seq)`` of each record that came after a later one of its producer
+    #: in its partition.
+    order_violators: list[tuple[str, int]] = field(default_factory=list)
     seqs: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     def missing(self, producer_id: str, expected: Iterable[int]) -> list[int]:
@@ -72,5 +75,6 @@ def check_delivery(messages: Iterable[Message]) -> DeliveryReport:
         key = (msg.topic() or "", msg.partition() or 0, producer)
         if seq < last.get(key, -1):
             rep.order_violations += 1
+            rep.order_violators.append((producer, seq))
         last[key] = max(seq, last.get(key, -1))
     return rep

@@ -490,22 +490,27 @@ def chaos(
             latency = max(latency, float((work / f"{c.name}.latency").read_text()))
     duplicates = rows - in_sink
     # Only producers whose own drop counters do not explain their missing records.
-    why = _explain_missing(
-        work,
-        {
-            pid: seqs
-            for pid, seqs in lost_sets.items()
-            if len(seqs) > dropped.get(pid, 0) + lost_on_close.get(pid, 0)
-        },
-        db,
+    unexplained_sets = {
+        pid: seqs
+        for pid, seqs in lost_sets.items()
+        if len(seqs) > dropped.get(pid, 0) + lost_on_close.get(pid, 0)
+    }
+    unconfirmed, reports = _delivery_history(work, unexplained_sets)
+    why = _explain_missing(reports, unexplained_sets, db)
+    # A record whose "delivered" report no offset confirmed is resent (the broker did not
+    # store it, or it would be a duplicate), so it lands after records sent later: an
+    # order violation the broker caused, counted apart.
+    after_unconfirmed = sum(
+        1 for pid, seq in wire.order_violators if seq in unconfirmed.get(pid, ())
     )
+    order_unexplained = wire.order_violations - after_unconfirmed
     # Per producer: a record its overflow policy dropped may still have reached Kafka (an
     # in-flight send that was purged, spooled, then dropped), so drops can explain at
     # most themselves, and only for the producer that counted them.
     unexplained = sum(
         max(0, n - dropped.get(pid, 0) - lost_on_close.get(pid, 0)) for pid, n in missing_by.items()
     )
-    ok = unexplained == 0 and duplicates == 0 and wire.order_violations == 0
+    ok = unexplained == 0 and duplicates == 0 and order_unexplained == 0
     return {
         "seed": seed,
         "duration_s": duration,
@@ -521,6 +526,8 @@ def chaos(
         "lost_on_close": sum(lost_on_close.values()),
         "wire_duplicates": wire.duplicates,
         "order_violations": wire.order_violations,
+        "order_violations_after_unconfirmed": after_unconfirmed,
+        "unconfirmed_reports": sum(len(v) for v in unconfirmed.values()),
         # Offsets the broker assigned but cannot serve: with no transactions a partition's
         # offsets are contiguous, so a hole is a batch the broker appended and then lost
         # (after a SIGKILL). Not a loss by itself: a batch whose ack never arrived is resent.
@@ -540,53 +547,95 @@ def chaos(
     }
 
 
-def _explain_missing(
-    work: Path, missing: dict[str, set[int]], db: Path, limit: int = 5
-) -> dict[str, Any]:
-    """What the producers' delivery reports say about each missing record.
+#: One delivery report from a producer's trace: partition, offset (-1: none), error code,
+#: and whether it is unconfirmed (no offset, or the rest of such a batch: see below).
+Report = tuple[int, int, int, bool]
 
-    ``dupseq``: acknowledged with offset -1 (librdkafka turns a "duplicate sequence
-    number" reply into success); ``acked_taken``: acknowledged at an offset where the
-    topic holds another record; ``acked_empty``: acknowledged at an offset nobody holds;
-    ``failed_only``: only failure reports; ``no_report``: never reported at all.
+
+def _delivery_history(
+    work: Path, want: dict[str, set[int]]
+) -> tuple[dict[str, set[int]], dict[str, dict[int, list[Report]]]]:
+    """Read the producers' traces (``p*.acks``): per producer id, the seqs that got an
+    *unconfirmed* "delivered" report, and every report of the seqs in ``want``.
+
+    librdkafka turns a "duplicate sequence number" reply into success with the batch's
+    base offset -1: the batch's first record has no offset and the rest of it follow at
+    once with the offsets 0, 1, 2... (the producer's ``_unconfirmed`` rule, replayed here).
     """
-    want = {pid: seqs for pid, seqs in missing.items() if seqs}
-    if not want:
-        return {}
-    reports: dict[str, dict[int, list[tuple[int, int, int]]]] = {pid: {} for pid in want}
+    unconfirmed: dict[str, set[int]] = {}
+    reports: dict[str, dict[int, list[Report]]] = {}
     for rep in sorted(work.glob("p*.jsonl")):
         try:
             pid = json.loads(rep.read_text().splitlines()[0])["producer_id"]
         except (IndexError, KeyError, ValueError):
             continue
         acks = rep.with_suffix(".acks")
-        if pid not in want or not acks.exists():
+        if not acks.exists():
             continue
-        seqs, mine = want[pid], reports[pid]
-        for raw in acks.read_text().splitlines():
-            f = raw.split()
-            if len(f) < 4 or raw.startswith("#"):
-                continue
-            with contextlib.suppress(ValueError):
-                seq = int(f[0])
+        seqs, mine, doubt = want.get(pid, set()), reports.setdefault(pid, {}), set()
+        chain: tuple[int, int] | None = None  # (partition, next offset) of a doubtful batch
+        with acks.open() as f:
+            for raw in f:
+                parts = raw.split()
+                if len(parts) < 4 or raw.startswith("#"):
+                    chain = None  # a new process: no batch spans it
+                    continue
+                try:
+                    seq, part, code = int(parts[0]), int(parts[1]), int(parts[3])
+                    off = -1 if parts[2] == "None" else int(parts[2])
+                except ValueError:
+                    chain = None  # a line torn by SIGKILL
+                    continue
+                bad = False
+                if code == 0:
+                    if off < 0:
+                        bad, chain = True, (part, 0)
+                    elif chain == (part, off):
+                        bad, chain = True, (part, off + 1)
+                    else:
+                        chain = None
+                else:
+                    chain = None
+                if bad:
+                    doubt.add(seq)
                 if seq in seqs:
-                    mine.setdefault(seq, []).append((int(f[1]), int(f[2]), int(f[3])))
+                    mine.setdefault(seq, []).append((part, off, code, bad))
+        unconfirmed[pid] = doubt
+    return unconfirmed, reports
+
+
+def _explain_missing(
+    reports: dict[str, dict[int, list[Report]]],
+    missing: dict[str, set[int]],
+    db: Path,
+    limit: int = 5,
+) -> dict[str, Any]:
+    """What the producers' delivery reports say about each missing record.
+
+    ``unconfirmed``: its last "delivered" report had no offset to confirm it (a duplicate
+    sequence reply, see :func:`_delivery_history`); ``acked_taken``: acknowledged at an
+    offset where the topic holds another record; ``acked_empty``: acknowledged at an
+    offset nobody holds; ``failed_only``: only failure reports; ``no_report``: none.
+    """
+    want = {pid: seqs for pid, seqs in missing.items() if seqs}
+    if not want:
+        return {}
     conn = sqlite3.connect(db, timeout=60)
     try:
         kinds: dict[str, int] = {}
         examples: list[str] = []
         for pid, seqs in want.items():
             for seq in sorted(seqs):
-                got = reports[pid].get(seq, [])
-                oks = [(part, off) for part, off, code in got if code == 0]
+                got = reports.get(pid, {}).get(seq, [])
+                oks = [r for r in got if r[2] == 0]
                 if not got:
                     kind = "no_report"
                 elif not oks:
                     kind = "failed_only"
-                elif any(off < 0 for _part, off in oks):
-                    kind = "dupseq"
+                elif oks[-1][3]:
+                    kind = "unconfirmed"
                 else:
-                    part, off = oks[-1]
+                    part, off = oks[-1][0], oks[-1][1]
                     row = conn.execute(
                         'SELECT producer, seq FROM records WHERE partition=? AND "offset"=?',
                         (part, off),
@@ -694,6 +743,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:16} {verdict[k]}")
     print(f"{'degraded_s':16} {verdict['degraded_s']}")
     print(f"{'offset_gaps':16} {len(verdict['offset_gaps'])} {verdict['offset_gaps'][:10]}")
+    print(
+        f"{'order':16} {verdict['order_violations']} violations, "
+        f"{verdict['order_violations_after_unconfirmed']} of them records resent after "
+        f"{verdict['unconfirmed_reports']} unconfirmed delivery reports"
+    )
     if verdict["missing_reports"]:
         print(f"{'missing_reports':16} {verdict['missing_reports']}")
     print(f"{'events':16} {len(verdict['events'])}: {', '.join(verdict['events'])}")
