@@ -523,6 +523,7 @@ class TcpProxy:
             if req.acks != 0:
                 answer = _duplicate_response(req)
                 if conn.owed:  # after the answers to the requests before it
+                    log.debug("answer to %d held for %d earlier", correlation_id, len(conn.owed))
                     conn.owed.append((correlation_id, answer))
                 else:
                     writer.write(answer)
