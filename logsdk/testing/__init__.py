@@ -10,6 +10,7 @@ Users' own integration tests can use them too::
         broker.restart()    # back on the same port, data kept (durable=True)
         broker.cut()        # the network goes away; the broker stays up
         broker.heal()
+        broker.drop_produce_as_duplicate()  # the next batch is lost, yet "acked"
 
 The pytest fixtures (``kafka_broker``, ``fresh_topic``, ``broker_factory``) are
 in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.

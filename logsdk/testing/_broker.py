@@ -234,7 +234,8 @@ class EmbeddedBroker:
     (Tansu's S3 engine on a moto S3 server in a second child process); without it
     storage is in memory and lost on restart. ``proxy=True`` puts a TCP proxy
     between clients and the broker, so :meth:`cut` and :meth:`heal` can take the
-    network away while the broker keeps running. Nothing is started in the
+    network away while the broker keeps running, and :meth:`drop_produce_as_duplicate`
+    can lose a batch the client believes acknowledged. Nothing is started in the
     constructor. Several brokers may run at once.
 
     Tansu 0.6.0 traits to design tests around (found by probing it): ListOffsets
@@ -408,6 +409,27 @@ class EmbeddedBroker:
     def heal(self) -> None:
         """Let clients connect again after :meth:`cut`."""
         self._need_proxy("heal").heal()
+
+    def drop_produce_as_duplicate(self, count: int = 1) -> None:
+        """Lose the next ``count`` produce requests at the proxy and answer each with
+        DUPLICATE_SEQUENCE_NUMBER, offset -1 (needs ``proxy=True``).
+
+        The records are never stored, yet an idempotent librdkafka producer reports
+        them delivered (the first one with offset -1): what a broker that saves a
+        producer's sequence before the batch does when it fails in between. See
+        :meth:`TcpProxy.drop_produce_as_duplicate`.
+        """
+        self._need_proxy("drop_produce_as_duplicate").drop_produce_as_duplicate(count)
+
+    @property
+    def produce_drops_done(self) -> int:
+        """Produce requests lost by :meth:`drop_produce_as_duplicate` so far."""
+        return self._need_proxy("produce_drops_done").produce_drops_done
+
+    @property
+    def produce_versions(self) -> frozenset[int]:
+        """ProduceRequest versions the proxy saw (what clients negotiated)."""
+        return self._need_proxy("produce_versions").produce_versions
 
     def is_running(self) -> bool:
         """True while the broker process is alive (a paused broker counts as running)."""
