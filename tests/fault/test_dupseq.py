@@ -95,8 +95,7 @@ def test_log_producer_resends_batch_told_duplicate(
 ) -> None:
     """A LogProducer whose batch was lost and reported as a duplicate must still deliver
     every record: an acknowledgement without a valid offset is not proof of storage.
-
-    Fails until the producer resends unconfirmed acknowledgements."""
+    The records of the batch are counted as unconfirmed, spooled and resent."""
     broker = broker_factory(durable=True, proxy=True)
     topic = create_topic(broker.bootstrap_servers, "dupseq", 3)
     n, first = 2000, 100
@@ -113,7 +112,16 @@ def test_log_producer_resends_batch_told_duplicate(
             p.send(b"%d" % i, key=b"%d" % (i % 12))
         wait_until(lambda: broker.produce_drops_done == 1, 30, "a produce request dropped")
         assert p.flush(60) == 0
+        # The unconfirmed records went to the spool: wait for the replay to deliver them.
+        wait_until(
+            lambda: (s := p.stats())["state"] == "ONLINE" and s["spool_records"] == 0,
+            60,
+            "the spool replayed",
+        )
+        stats = p.stats()
         pid = p.producer_id
+    assert stats["unconfirmed_acks"] > 0
+    assert stats["errors"]["unconfirmed_ack"] == stats["unconfirmed_acks"]
     rep = check_delivery(read_topic(broker.bootstrap_servers, topic, extra_config=CHECK_CRCS))
     assert rep.missing(pid, range(n)) == []
 
