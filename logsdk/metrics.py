@@ -73,6 +73,9 @@ PRODUCER_METRICS: dict[str, MetricDoc] = {
     "spool_bytes": MetricDoc("gauge", "bytes the spool holds now (as counted by spool_max_bytes)"),
     "recovered_at_start": MetricDoc("gauge", "records found in the spool when the producer opened"),
     "possible_duplicates": MetricDoc("counter", "records in flight when a client was purged"),
+    "unconfirmed_acks": MetricDoc(
+        "counter", "records reported delivered without an offset (duplicate sequence): resent"
+    ),
     "transitions": MetricDoc("counter", "state changes"),
     "alarm": MetricDoc(
         "gauge", "1 while the spool's disk cannot be used (full, I/O error)", "flag"
