@@ -7,6 +7,8 @@ Invariants:
   spool, or still in the producer's memory;
 - rows are read back in insertion order (``id``), which is send order, so
   per-partition order survives spill and replay;
+- while a spool is open its ids only grow, even when it empties (SQLite would restart
+  at 1): the producer's replay cursor and :meth:`Spool.delete_through` rely on it;
 - one live producer per directory (an exclusive ``flock`` on ``LOCK``);
 - the producer id and the sequence high-water mark live in ``state.json``
   beside the database, written atomically, so they survive a corrupt database
@@ -65,6 +67,7 @@ def _insert_sql(n: int) -> str:
 #: SQLite's default limit of 32766 parameters; a build with a lower one skips them).
 _INSERT_CHUNKS = (1000, 100, 10)
 _INSERT_ONE = _insert_sql(1)
+_INSERT_ONE_ID = f"INSERT INTO records (id, {_COLUMNS}) VALUES (?7, " + _values_sql(0)[1:]
 _H = struct.Struct(">HI")
 _NONE = 0xFFFFFFFF
 
@@ -172,6 +175,7 @@ class Spool:
         self._conn: sqlite3.Connection | None = None
         self._state: dict[str, object] = {}
         self._chunks: list[tuple[int, str]] = []
+        self._top_id = 0  # the highest id this spool has held since it was opened
 
     # -- open / close --------------------------------------------------------------------
 
@@ -253,6 +257,10 @@ class Spool:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            # Some builds (Debian's) default to secure_delete=ON: every page a DELETE frees
+            # is zeroed and written to the WAL, doubling the I/O of deleting replayed rows.
+            # FAST still zeroes deleted cells where that costs no extra I/O.
+            conn.execute("PRAGMA secure_delete=FAST")
             row = conn.execute("PRAGMA quick_check").fetchone()
             if row is None or row[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
@@ -288,13 +296,13 @@ class Spool:
                     },
                     pk="id",
                 )
-            count, total = conn.execute(
-                "SELECT count(*), coalesce(sum(size), 0) FROM records"
+            count, total, top = conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0), coalesce(max(id), 0) FROM records"
             ).fetchone()
         except BaseException:
             conn.close()
             raise
-        self.count, self.bytes = int(count), int(total)
+        self.count, self.bytes, self._top_id = int(count), int(total), int(top)
         getlimit = getattr(conn, "getlimit", None)  # Python >= 3.11; else assume the old 999
         limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else 999
         self._chunks = [(c, _insert_sql(c)) for c in _INSERT_CHUNKS if 6 * c <= limit]
@@ -386,17 +394,23 @@ class Spool:
         n = len(rows)
         try:
             conn.execute("BEGIN")
+            i = 0
+            if self._top_id and conn.execute("SELECT 1 FROM records LIMIT 1").fetchone() is None:
+                # Empty: SQLite would number from 1 again, under ids the producer has
+                # already replayed and deleted (its cursor is past them). Go on from the top.
+                conn.execute(_INSERT_ONE_ID, (*rows[0], self._top_id + 1))
+                i = 1
             # Many rows per statement: one sqlite3_step (the GIL released) inserts them
             # all, where executemany releases and re-takes the GIL per row (a sender
             # thread then holds it up to a switch interval each time); the parameters
             # are the rows' own fields, flattened in C (no tuple built per row).
-            i = 0
             for size, sql in self._chunks:
                 while n - i >= size:
                     conn.execute(sql, list(chain.from_iterable(rows[i : i + size])))
                     i += size
             if i < n:
                 conn.executemany(_INSERT_ONE, rows[i:])
+            (top,) = conn.execute("SELECT max(id) FROM records").fetchone()
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -404,6 +418,7 @@ class Spool:
             raise SpoolError(f"spool write failed: {exc}") from exc
         self.count += n
         self.bytes += rows_bytes(rows) if total_bytes is None else total_bytes
+        self._top_id = max(self._top_id, int(top))
 
     def read_after(self, after_id: int, limit: int) -> list[StoredRow]:
         """Up to ``limit`` rows with id > ``after_id``, oldest first."""
@@ -452,6 +467,31 @@ class Spool:
         else:
             self.count -= n
             self.bytes -= freed_bytes
+
+    def delete_through(self, last_id: int) -> int:
+        """Delete every row with id <= ``last_id`` (all acknowledged); returns how many.
+
+        One range DELETE instead of one per run of ids: replayed rows are acknowledged per
+        partition, so the acknowledged ids of a batch are thousands of short runs. Count
+        and bytes are taken from the rows themselves in the same transaction.
+        """
+        conn = self.conn
+        try:
+            conn.execute("BEGIN")
+            n, freed = conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0) FROM records WHERE id <= ?", (last_id,)
+            ).fetchone()
+            if n:
+                conn.execute("DELETE FROM records WHERE id <= ?", (last_id,))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            self._recount()
+            raise SpoolError(f"spool delete failed: {exc}") from exc
+        self.count -= int(n)
+        self.bytes -= int(freed)
+        return int(n)
 
     def drop_oldest(self, need_bytes: int, after_id: int = 0) -> int:
         """Delete the oldest rows with id > ``after_id`` until ``need_bytes`` are free.
