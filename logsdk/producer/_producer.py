@@ -268,6 +268,7 @@ class LogProducer:
         self._lock = threading.Lock()
         self._direct = False  # True: send() may hand records straight to librdkafka
         self._backlog: collections.deque[Rec] = collections.deque()
+        self._backlog_max = self.config.buffer_max_records
         self._n_sent = 0
         self._n_produced = 0  # fresh records handed to librdkafka (any client)
         self._n_dropped = 0
@@ -415,11 +416,15 @@ class LogProducer:
                         self._n_produced += 1
                         self._n_sent += 1
                         return
-                try:
-                    self._enqueue(rec)
-                except BaseException:
-                    self._release(rec)  # refused: not in custody
-                    raise
+                backlog = self._backlog
+                if len(backlog) < self._backlog_max and not self._spool_full:
+                    backlog.append(rec)  # _enqueue() when there is room, inlined
+                else:
+                    try:
+                        self._enqueue(rec)
+                    except BaseException:
+                        self._release(rec)  # refused: not in custody
+                        raise
                 self._n_sent += 1
             except BaseException:
                 if self._seq_next == seq + 1:

@@ -53,21 +53,25 @@ _COLUMNS = "topic, key, value, headers, ts, seq, size"
 
 
 def _values_sql(j: int) -> str:
-    """Row ``j`` of a multi-row INSERT: its 6 parameters, and its size computed from them."""
-    b = 6 * j
-    size = " + ".join(f"ifnull(length(?{b + c}), 0)" for c in (2, 3, 4))
-    return f"(?{b + 1}, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?{b + 5}, ?{b + 6}, {ROW_OVERHEAD} + {size})"
+    """Row ``j`` of a multi-row INSERT: its id (the first id ``?1`` + j), its 6 parameters,
+    and its size computed from them."""
+    b = 6 * j + 1
+    p = [f"?{b + c}" for c in range(1, 7)]
+    size = " + ".join(f"ifnull(length({p[c]}), 0)" for c in (1, 2, 3))
+    return f"(?1 + {j}, {', '.join(p)}, {ROW_OVERHEAD} + {size})"
 
 
 def _insert_sql(n: int) -> str:
-    return f"INSERT INTO records ({_COLUMNS}) VALUES " + ", ".join(_values_sql(j) for j in range(n))
+    return f"INSERT INTO records (id, {_COLUMNS}) VALUES " + ", ".join(
+        _values_sql(j) for j in range(n)
+    )
 
 
-#: Rows per multi-row INSERT, largest first (6 parameters a row: 1000 rows stay under
-#: SQLite's default limit of 32766 parameters; a build with a lower one skips them).
-_INSERT_CHUNKS = (1000, 100, 10)
-_INSERT_ONE = _insert_sql(1)
-_INSERT_ONE_ID = f"INSERT INTO records (id, {_COLUMNS}) VALUES (?7, " + _values_sql(0)[1:]
+#: Rows per multi-row INSERT, largest first (6 parameters a row + the first id: 1000 rows
+#: stay under SQLite's default limit of 32766 parameters; a build with a lower one skips
+#: them). Not more: preparing the statement grows with the square of its rows (1000: 0.1 s
+#: once per connection; 5000: 2.6 s).
+_INSERT_CHUNKS = (1000, 100, 10, 1)
 _H = struct.Struct(">HI")
 _NONE = 0xFFFFFFFF
 
@@ -305,7 +309,7 @@ class Spool:
         self.count, self.bytes, self._top_id = int(count), int(total), int(top)
         getlimit = getattr(conn, "getlimit", None)  # Python >= 3.11; else assume the old 999
         limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else 999
-        self._chunks = [(c, _insert_sql(c)) for c in _INSERT_CHUNKS if 6 * c <= limit]
+        self._chunks = [(c, _insert_sql(c)) for c in _INSERT_CHUNKS if 6 * c + 1 <= limit]
         return conn
 
     def _move_aside(self) -> Path:
@@ -394,23 +398,21 @@ class Spool:
         n = len(rows)
         try:
             conn.execute("BEGIN")
-            i = 0
-            if self._top_id and conn.execute("SELECT 1 FROM records LIMIT 1").fetchone() is None:
-                # Empty: SQLite would number from 1 again, under ids the producer has
-                # already replayed and deleted (its cursor is past them). Go on from the top.
-                conn.execute(_INSERT_ONE_ID, (*rows[0], self._top_id + 1))
-                i = 1
             # Many rows per statement: one sqlite3_step (the GIL released) inserts them
             # all, where executemany releases and re-takes the GIL per row (a sender
             # thread then holds it up to a switch interval each time); the parameters
-            # are the rows' own fields, flattened in C (no tuple built per row).
+            # are the first id and the rows' own fields, flattened in C (no tuple built
+            # per row). Ids are given, from the highest this spool has held: SQLite
+            # would number an emptied table from 1 again, under ids the producer has
+            # already replayed and deleted (its replay cursor is past them).
+            top = self._top_id
+            i = 0
             for size, sql in self._chunks:
                 while n - i >= size:
-                    conn.execute(sql, list(chain.from_iterable(rows[i : i + size])))
+                    params = list(chain((top + 1,), chain.from_iterable(rows[i : i + size])))
+                    conn.execute(sql, params)
                     i += size
-            if i < n:
-                conn.executemany(_INSERT_ONE, rows[i:])
-            (top,) = conn.execute("SELECT max(id) FROM records").fetchone()
+                    top += size
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -418,7 +420,7 @@ class Spool:
             raise SpoolError(f"spool write failed: {exc}") from exc
         self.count += n
         self.bytes += rows_bytes(rows) if total_bytes is None else total_bytes
-        self._top_id = max(self._top_id, int(top))
+        self._top_id = top
 
     def read_after(self, after_id: int, limit: int) -> list[StoredRow]:
         """Up to ``limit`` rows with id > ``after_id``, oldest first."""
