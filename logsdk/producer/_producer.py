@@ -100,6 +100,26 @@ class _Record(tuple[str, bytes | None, bytes | None, Headers | None, int | None,
         p._on_delivery(self, err, msg)
 
 
+class _ReplayAck(int):
+    """The spool row id of a replayed record, which is also its delivery callback.
+
+    As :class:`_Record` for fresh records: one small object per replayed record instead of
+    a ``functools.partial`` of a bound method. The ack path only moves the id; the spool
+    rows are deleted per batch in ``_settle_spool``. Each producer has its own subclass.
+    """
+
+    __slots__ = ()
+    _producer: ClassVar[LogProducer]
+
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
+        p = self._producer
+        if err is None and not p._dupseq and msg.offset() is not None:
+            p._replay_inflight.pop(self, None)
+            p._acked_ids.append(self)
+            return
+        p._on_replay_delivery(self, err, msg)
+
+
 class State(str, enum.Enum):
     """Where new records go: Kafka (ONLINE), the spool (DEGRADED), behind it (RECOVERING)."""
 
@@ -235,6 +255,9 @@ class LogProducer:
         self._record: type[_Record] = type(
             "_Record", (_Record,), {"__slots__": (), "_producer": self}
         )
+        self._replay_ack: type[_ReplayAck] = type(
+            "_ReplayAck", (_ReplayAck,), {"__slots__": (), "_producer": self}
+        )
         self._seq_next = self._spool.seq_reserved
         self._seq_limit = self._seq_next + _SEQ_BLOCK
         self._spool.reserve_seq(self._seq_limit)
@@ -254,6 +277,7 @@ class LogProducer:
         self._lock = threading.Lock()
         self._direct = False  # True: send() may hand records straight to librdkafka
         self._backlog: collections.deque[Rec] = collections.deque()
+        self._backlog_max = self.config.buffer_max_records
         self._n_sent = 0
         self._n_produced = 0  # fresh records handed to librdkafka (any client)
         self._n_dropped = 0
@@ -278,9 +302,12 @@ class LogProducer:
         self._in_transit = 0  # records between memory and the spool (a commit under way)
         self._rejects: list[tuple[Row, str]] = []
         self._replay_cursor = 0
-        self._replay_inflight: dict[int, int] = {}  # spool row id -> size
-        self._acked_ids: list[int] = []
-        self._acked_bytes = 0
+        # Spool row ids handed to the client and not yet reported, in id order (a dict:
+        # ordered, so its first key is the oldest one outstanding).
+        self._replay_inflight: dict[int, None] = {}
+        self._acked_ids: list[int] = []  # acknowledged replays not yet deleted
+        self._acked_kept = 0  # of those, how many a watermark delete had to keep
+        self._replay_failed = False  # a replay was reported failed since the cursor reset
         self._reject_ids: list[tuple[int, str]] = []
         self._replay_tokens = 0.0
         self._replay_refill = time.monotonic()
@@ -402,11 +429,15 @@ class LogProducer:
                         self._n_produced += 1
                         self._n_sent += 1
                         return
-                try:
-                    self._enqueue(rec)
-                except BaseException:
-                    self._release(rec)  # refused: not in custody
-                    raise
+                backlog = self._backlog
+                if len(backlog) < self._backlog_max and not self._spool_full:
+                    backlog.append(rec)  # _enqueue() when there is room, inlined
+                else:
+                    try:
+                        self._enqueue(rec)
+                    except BaseException:
+                        self._release(rec)  # refused: not in custody
+                        raise
                 self._n_sent += 1
             except BaseException:
                 if self._seq_next == seq + 1:
@@ -659,13 +690,16 @@ class LogProducer:
         self._request_degrade(f"delivery failed: {err.str()}")
 
     def _on_replay_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
-        # Runs once per replayed record: the ack path only moves the id; the counters
-        # and the ack clock are updated per batch in _settle_spool.
+        # _ReplayAck handles the plain ack path itself (only the id moves; the counters and
+        # the ack clock are updated per batch in _settle_spool); the rest comes here.
         if err is None and not self._unconfirmed(msg):
-            self._acked_bytes += self._replay_inflight.pop(rid, 0)
+            self._replay_inflight.pop(rid, None)
             self._acked_ids.append(rid)
             return
         self._replay_inflight.pop(rid, None)
+        # Neither in flight nor acknowledged: the watermark delete must not pass this row
+        # (rows up to the cursor are deleted by id until the cursor is reset).
+        self._replay_failed = True
         if err is None:  # unconfirmed (see _UNCONFIRMED): the row stays, and is resent
             self._n_unconfirmed += 1
             self._errors["unconfirmed_ack"] += 1
@@ -821,6 +855,7 @@ class LogProducer:
         self._retire_client()
         self._replay_inflight.clear()
         self._replay_cursor = 0  # unacknowledged replays are still in the spool: re-read
+        self._replay_failed = False
 
     def _retire_client(self) -> None:
         client, self._client = self._client, None
@@ -850,6 +885,7 @@ class LogProducer:
             return  # the disk refused them: stay DEGRADED (records in memory) and retry
         self._client = self._new_client()
         self._replay_cursor = 0
+        self._replay_failed = False
         self._replay_tokens = 0.0
         self._replay_refill = time.monotonic()
         reason = (
@@ -906,13 +942,13 @@ class LogProducer:
             return False
         client = self._client
         produce = client.produce
-        on_delivery = self._on_replay_delivery
+        ack = self._replay_ack
         inflight = self._replay_inflight
-        pid = self._pid_bytes
+        pid_header = self._pid_header
         cursor = self._replay_cursor
         sent = 0
-        for rid, topic, key, value, hblob, ts, seq, size in rows:
-            hdrs: KHeaders = [(HEADER_PRODUCER, pid), (HEADER_SEQ, b"%d" % seq)]
+        for rid, topic, key, value, hblob, ts, seq, _size in rows:
+            hdrs: KHeaders = [pid_header, (HEADER_SEQ, b"%d" % seq)]
             if hblob is not None:
                 hdrs = [*decode_headers(hblob), *hdrs]
             try:
@@ -922,7 +958,7 @@ class LogProducer:
                     key,
                     headers=hdrs,
                     timestamp=ts or 0,
-                    on_delivery=functools.partial(on_delivery, rid),
+                    on_delivery=ack(rid),
                 )
             except BufferError:
                 break
@@ -934,7 +970,7 @@ class LogProducer:
                     continue
                 self._request_degrade(f"replay produce failed: {exc}")
                 break
-            inflight[rid] = size
+            inflight[rid] = None
             cursor = rid
             sent += 1
         self._replay_cursor = cursor
@@ -1124,25 +1160,67 @@ class LogProducer:
                 self._release_rows([r for r, _ in rejects])
             if self._reject_ids:
                 pairs, self._reject_ids = self._reject_ids, []
-                self._spool.move_to_rejected(pairs)
-            if self._acked_ids and (
-                len(self._acked_ids) >= self.config.replay_batch
-                or not self._replay_inflight
-                or self._state is not State.RECOVERING
+                try:
+                    self._spool.move_to_rejected(pairs)
+                except SpoolError:
+                    self._reject_ids = pairs + self._reject_ids  # retried: still in the spool
+                    raise
+            if (
+                self._acked_ids
+                and (self._alarm is None or time.monotonic() >= self._disk_retry_at)
+                and (
+                    len(self._acked_ids) - self._acked_kept >= self.config.replay_batch
+                    or not self._replay_inflight
+                    or self._state is not State.RECOVERING
+                )
             ):
                 # One DELETE transaction per replay batch, not per pump step: a page
                 # of rows is then rewritten once, not once per step that freed some.
-                ids, self._acked_ids = self._acked_ids, []
-                freed, self._acked_bytes = self._acked_bytes, 0
-                self._n_replayed += len(ids)
-                self._last_ack = time.monotonic()
-                self._spool.delete(ids, freed)
+                self._delete_acked()
             if self._spool_full and (self._spool.room() or 0) > 0:
                 self._spool_full = False
                 with self._lock:
                     self._space.notify_all()
         except SpoolError as exc:
             self._disk_alarm(exc)
+
+    def _delete_acked(self) -> None:
+        """Delete the acknowledged replays from the spool (pump thread, from _settle_spool).
+
+        While replaying, by watermark: every row up to the one before the oldest still in
+        flight was handed to Kafka in id order and acknowledged (a failed one sets
+        ``_replay_failed``, a rejected one waits in ``_reject_ids``), so one range DELETE
+        removes them; acknowledged ids above it wait for a later batch (a crash resends
+        them: duplicates, never a loss). Otherwise (degraded, closing, a replay failed),
+        by id: exactly the acknowledged rows.
+        """
+        ids, self._acked_ids = self._acked_ids, []
+        self._acked_kept = 0
+        keep: list[int] = []
+        try:
+            if (
+                self._state is State.RECOVERING
+                and self._client is not None
+                and not self._replay_failed
+            ):
+                inflight = self._replay_inflight
+                mark = self._replay_cursor
+                if inflight:
+                    mark = min(mark, next(iter(inflight)) - 1)
+                if self._reject_ids:
+                    mark = min(mark, min(r for r, _ in self._reject_ids) - 1)
+                keep = [i for i in ids if i > mark]
+                self._spool.delete_through(mark)
+            else:
+                self._spool.delete(ids)
+        except SpoolError:
+            self._acked_ids = ids + self._acked_ids  # still in the spool: delete them later
+            self._acked_kept = len(self._acked_ids)
+            raise
+        self._acked_ids = keep + self._acked_ids
+        self._acked_kept = len(keep)
+        self._n_replayed += len(ids) - len(keep)
+        self._last_ack = time.monotonic()
 
     def _shutdown(self) -> None:
         """After the threads stopped: everything unacknowledged goes to the spool."""

@@ -7,6 +7,8 @@ Invariants:
   spool, or still in the producer's memory;
 - rows are read back in insertion order (``id``), which is send order, so
   per-partition order survives spill and replay;
+- while a spool is open its ids only grow, even when it empties (SQLite would restart
+  at 1): the producer's replay cursor and :meth:`Spool.delete_through` rely on it;
 - one live producer per directory (an exclusive ``flock`` on ``LOCK``);
 - the producer id and the sequence high-water mark live in ``state.json``
   beside the database, written atomically, so they survive a corrupt database
@@ -51,20 +53,25 @@ _COLUMNS = "topic, key, value, headers, ts, seq, size"
 
 
 def _values_sql(j: int) -> str:
-    """Row ``j`` of a multi-row INSERT: its 6 parameters, and its size computed from them."""
-    b = 6 * j
-    size = " + ".join(f"ifnull(length(?{b + c}), 0)" for c in (2, 3, 4))
-    return f"(?{b + 1}, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?{b + 5}, ?{b + 6}, {ROW_OVERHEAD} + {size})"
+    """Row ``j`` of a multi-row INSERT: its id (the first id ``?1`` + j), its 6 parameters,
+    and its size computed from them."""
+    b = 6 * j + 1
+    p = [f"?{b + c}" for c in range(1, 7)]
+    size = " + ".join(f"ifnull(length({p[c]}), 0)" for c in (1, 2, 3))
+    return f"(?1 + {j}, {', '.join(p)}, {ROW_OVERHEAD} + {size})"
 
 
 def _insert_sql(n: int) -> str:
-    return f"INSERT INTO records ({_COLUMNS}) VALUES " + ", ".join(_values_sql(j) for j in range(n))
+    return f"INSERT INTO records (id, {_COLUMNS}) VALUES " + ", ".join(
+        _values_sql(j) for j in range(n)
+    )
 
 
-#: Rows per multi-row INSERT, largest first (6 parameters a row: 1000 rows stay under
-#: SQLite's default limit of 32766 parameters; a build with a lower one skips them).
-_INSERT_CHUNKS = (1000, 100, 10)
-_INSERT_ONE = _insert_sql(1)
+#: Rows per multi-row INSERT, largest first (6 parameters a row + the first id: 1000 rows
+#: stay under SQLite's default limit of 32766 parameters; a build with a lower one skips
+#: them). Not more: preparing the statement grows with the square of its rows (1000: 0.1 s
+#: once per connection; 5000: 2.6 s).
+_INSERT_CHUNKS = (1000, 100, 10, 1)
 _H = struct.Struct(">HI")
 _NONE = 0xFFFFFFFF
 
@@ -172,13 +179,14 @@ class Spool:
         self._conn: sqlite3.Connection | None = None
         self._state: dict[str, object] = {}
         self._chunks: list[tuple[int, str]] = []
+        self._top_id = 0  # the highest id this spool has held since it was opened
 
     # -- open / close --------------------------------------------------------------------
 
     def open(self) -> Spool:
         """Take the directory lock, open (or re-create) the database, load the state."""
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # holds log data
         except OSError as exc:
             raise SpoolError(f"cannot create spool dir {self.directory}: {exc}") from exc
         self._take_lock()
@@ -253,6 +261,10 @@ class Spool:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            # Some builds (Debian's) default to secure_delete=ON: every page a DELETE frees
+            # is zeroed and written to the WAL, doubling the I/O of deleting replayed rows.
+            # FAST still zeroes deleted cells where that costs no extra I/O.
+            conn.execute("PRAGMA secure_delete=FAST")
             row = conn.execute("PRAGMA quick_check").fetchone()
             if row is None or row[0] != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
@@ -288,16 +300,16 @@ class Spool:
                     },
                     pk="id",
                 )
-            count, total = conn.execute(
-                "SELECT count(*), coalesce(sum(size), 0) FROM records"
+            count, total, top = conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0), coalesce(max(id), 0) FROM records"
             ).fetchone()
         except BaseException:
             conn.close()
             raise
-        self.count, self.bytes = int(count), int(total)
+        self.count, self.bytes, self._top_id = int(count), int(total), int(top)
         getlimit = getattr(conn, "getlimit", None)  # Python >= 3.11; else assume the old 999
         limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else 999
-        self._chunks = [(c, _insert_sql(c)) for c in _INSERT_CHUNKS if 6 * c <= limit]
+        self._chunks = [(c, _insert_sql(c)) for c in _INSERT_CHUNKS if 6 * c + 1 <= limit]
         return conn
 
     def _move_aside(self) -> Path:
@@ -389,14 +401,18 @@ class Spool:
             # Many rows per statement: one sqlite3_step (the GIL released) inserts them
             # all, where executemany releases and re-takes the GIL per row (a sender
             # thread then holds it up to a switch interval each time); the parameters
-            # are the rows' own fields, flattened in C (no tuple built per row).
+            # are the first id and the rows' own fields, flattened in C (no tuple built
+            # per row). Ids are given, from the highest this spool has held: SQLite
+            # would number an emptied table from 1 again, under ids the producer has
+            # already replayed and deleted (its replay cursor is past them).
+            top = self._top_id
             i = 0
             for size, sql in self._chunks:
                 while n - i >= size:
-                    conn.execute(sql, list(chain.from_iterable(rows[i : i + size])))
+                    params = list(chain((top + 1,), chain.from_iterable(rows[i : i + size])))
+                    conn.execute(sql, params)
                     i += size
-            if i < n:
-                conn.executemany(_INSERT_ONE, rows[i:])
+                    top += size
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -404,6 +420,7 @@ class Spool:
             raise SpoolError(f"spool write failed: {exc}") from exc
         self.count += n
         self.bytes += rows_bytes(rows) if total_bytes is None else total_bytes
+        self._top_id = top
 
     def read_after(self, after_id: int, limit: int) -> list[StoredRow]:
         """Up to ``limit`` rows with id > ``after_id``, oldest first."""
@@ -452,6 +469,31 @@ class Spool:
         else:
             self.count -= n
             self.bytes -= freed_bytes
+
+    def delete_through(self, last_id: int) -> int:
+        """Delete every row with id <= ``last_id`` (all acknowledged); returns how many.
+
+        One range DELETE instead of one per run of ids: replayed rows are acknowledged per
+        partition, so the acknowledged ids of a batch are thousands of short runs. Count
+        and bytes are taken from the rows themselves in the same transaction.
+        """
+        conn = self.conn
+        try:
+            conn.execute("BEGIN")
+            n, freed = conn.execute(
+                "SELECT count(*), coalesce(sum(size), 0) FROM records WHERE id <= ?", (last_id,)
+            ).fetchone()
+            if n:
+                conn.execute("DELETE FROM records WHERE id <= ?", (last_id,))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            self._recount()
+            raise SpoolError(f"spool delete failed: {exc}") from exc
+        self.count -= int(n)
+        self.bytes -= int(freed)
+        return int(n)
 
     def drop_oldest(self, need_bytes: int, after_id: int = 0) -> int:
         """Delete the oldest rows with id > ``after_id`` until ``need_bytes`` are free.

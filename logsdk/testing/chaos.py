@@ -149,17 +149,20 @@ def _trace_acks(p: Any, path: Path) -> None:
             base.__call__(self, err, msg)
 
     p._record = Traced
-    replay = p._on_replay_delivery
+    ack_base = p._replay_ack
 
-    def on_replay(rid: int, err: Any, msg: Any) -> None:
-        try:
-            seq = _seq_of(msg)
-        except Exception:  # a purged report has no headers
-            seq = -1
-        line(seq, err, msg)
-        replay(rid, err, msg)
+    class TracedAck(ack_base):  # type: ignore[misc,valid-type]
+        __slots__ = ()
 
-    p._on_replay_delivery = on_replay
+        def __call__(self, err: Any, msg: Any) -> None:
+            try:
+                seq = _seq_of(msg)
+            except Exception:  # a purged report has no headers
+                seq = -1
+            line(seq, err, msg)
+            ack_base.__call__(self, err, msg)
+
+    p._replay_ack = TracedAck
 
 
 def _consumer_child(args: argparse.Namespace) -> int:

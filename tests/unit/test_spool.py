@@ -152,3 +152,23 @@ def test_bad_settings() -> None:
         Spool("/tmp/x", synchronous="SOMETIMES")
     with pytest.raises(ConfigError, match="spool_max_bytes"):
         Spool("/tmp/x", max_bytes=0)
+
+
+def test_ids_keep_growing_when_the_spool_empties(tmp_path: Path) -> None:
+    """An emptied spool does not number from 1 again (the replay cursor is past those ids);
+    delete_through removes exactly the rows up to an id and keeps the accounting."""
+    sp = Spool(tmp_path).open()
+    try:
+        sp.append(_rows(3))
+        ids = [r[0] for r in sp.read_after(0, 10)]
+        assert sp.delete_through(ids[-1]) == 3
+        assert (sp.count, sp.bytes) == (0, 0)
+        sp.append(_rows(2))
+        again = [r[0] for r in sp.read_after(0, 10)]
+        assert again == [ids[-1] + 1, ids[-1] + 2]
+        assert sp.delete_through(again[0]) == 1
+        assert sp.count == 1
+        assert sp.bytes == sum(row_size(r) for r in _rows(2)[1:])
+        assert sp.delete_through(again[0]) == 0
+    finally:
+        sp.close()
