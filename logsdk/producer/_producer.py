@@ -1156,7 +1156,11 @@ class LogProducer:
         try:
             if self._rejects:
                 rejects, self._rejects = self._rejects, []
-                self._spool.reject(rejects)
+                try:
+                    self._spool.reject(rejects)
+                except SpoolError:
+                    self._rejects = rejects + self._rejects  # kept in memory, retried
+                    raise
                 self._release_rows([r for r, _ in rejects])
             if self._reject_ids:
                 pairs, self._reject_ids = self._reject_ids, []
