@@ -58,9 +58,11 @@ def _producer_child(args: argparse.Namespace) -> int:
     from logsdk import LogProducer
 
     kw: dict[str, Any] = dict(FAST)
-    # Batches of ~40 records rather than a handful: the durable broker stores each batch
-    # as one S3 object, and the checker and consumers read them back one object at a time.
-    kw["kafka_config"] = {**kw["kafka_config"], "linger.ms": 50}
+    # Batches of ~40 records (200 records/s per partition and producer) rather than a
+    # handful: the durable broker stores each batch as one S3 object and lists all of a
+    # partition's objects on every fetch, so reading back costs about the square of the
+    # batch count (at 50 ms, a run took 10-30 min to read back).
+    kw["kafka_config"] = {**kw["kafka_config"], "linger.ms": 200}
     if args.max_in_flight:
         kw["kafka_config"] = {
             **kw["kafka_config"],
