@@ -957,7 +957,7 @@ class LogProducer:
             if room <= 0:
                 return False
         try:
-            rows = self._spool.read_after(self._replay_cursor, min(room, cfg.replay_batch))
+            rows = self._spool.read_replay(self._replay_cursor, min(room, cfg.replay_batch))
         except SpoolError as exc:
             self._disk_alarm(exc)
             return False
@@ -968,7 +968,7 @@ class LogProducer:
         pid_header = self._pid_header
         cursor = self._replay_cursor
         sent = 0
-        for rid, topic, key, value, hblob, ts, seq, _size in rows:
+        for rid, topic, key, value, hblob, ts, seq in rows:
             hdrs: KHeaders = [pid_header, (HEADER_SEQ, b"%d" % seq)]
             if hblob is not None:
                 hdrs = [*decode_headers(hblob), *hdrs]
