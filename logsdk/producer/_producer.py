@@ -182,8 +182,9 @@ class LogProducer:
     ``spool_dir``) and ``logsdk.seq`` (monotonic per producer), so readers can drop
     the duplicates that at-least-once delivery may create.
 
-    The constructor opens the spool (taking its lock: one producer per directory)
-    and starts two daemon threads (pump and health). Use it as a context manager
+    The constructor opens the spool (taking its lock: one producer per directory;
+    the spool runs its WAL checkpoints on a daemon thread of its own) and starts two
+    daemon threads (pump and health). Use it as a context manager
     or call :meth:`close`, which moves whatever Kafka has not acknowledged to the
     spool. Thread-safe: ``send()`` may be called from any number of threads.
 
