@@ -269,7 +269,25 @@ def _result(
     }
 
 
-def run(records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
+def _replay_result(
+    size: int, sdk: list[float], raw: list[float], params: dict[str, Any]
+) -> dict[str, Any]:
+    return _result(
+        "producer.replay" + ("" if size == 200 else f".{size}b"),
+        "records/s",
+        statistics.median(sdk),
+        "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
+        statistics.median(raw),
+        0.8,
+        params,
+    )
+
+
+def run(
+    records: int, rounds: int, sizes: list[int], only: str | None = None
+) -> list[dict[str, Any]]:
+    """Every figure; ``only="replay"``: producer.replay alone (the spill that fills its
+    spool still runs, unrecorded)."""
     results: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="logsdk-bench-"))
     try:
@@ -287,6 +305,8 @@ def run(records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
                     t_raw = create_topic(broker.bootstrap_servers, f"raw-{tag}", PARTITIONS)
                     t_sdk = create_topic(broker.bootstrap_servers, f"sdk-{tag}", PARTITIONS)
                     for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
+                        if only == "replay":
+                            break
                         if side == "raw":
                             mem_raw.append(raw_produce(broker, t_raw, values))
                         else:
@@ -296,6 +316,8 @@ def run(records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
                             p99s.append(samples[int(len(samples) * 0.99)] / 1000)
                     for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
                         if side == "raw":
+                            if only == "replay":
+                                continue
                             d = work / f"raw-{tag}"
                             d.mkdir()
                             spill_raw.append(raw_sqlite(values, d))
@@ -311,6 +333,9 @@ def run(records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
                             assert n == records + 1, n  # + the warm-up record
                             rep_sdk.append(rate)
                 med = statistics.median
+                if only == "replay":
+                    results.append(_replay_result(size, rep_sdk, rep_raw, params))
+                    continue
                 results.append(
                     _result(
                         "producer.memory" + ("" if size == 200 else f".{size}b"),
@@ -344,18 +369,9 @@ def run(records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
                         params,
                     )
                 )
-                results.append(
-                    _result(
-                        "producer.replay" + ("" if size == 200 else f".{size}b"),
-                        "records/s",
-                        med(rep_sdk),
-                        "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
-                        med(rep_raw),
-                        0.8,
-                        params,
-                    )
-                )
-            results.extend(run_shm(broker, records, rounds, sizes))
+                results.append(_replay_result(size, rep_sdk, rep_raw, params))
+            if only is None:
+                results.extend(run_shm(broker, records, rounds, sizes))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -370,9 +386,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default="200,1024", help="value sizes in bytes, comma list")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    ap.add_argument("--only", choices=["replay"], help="measure this figure alone")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    results = run(args.records, args.rounds, [int(s) for s in args.sizes.split(",")])
+    results = run(args.records, args.rounds, [int(s) for s in args.sizes.split(",")], args.only)
     for r in results:
         ratio = "" if r["ratio"] is None else f" ratio {r['ratio']:.3f} (goal {r['goal']})"
         base = "" if r["baseline_value"] is None else f" vs {r['baseline_value']:,.0f}"

@@ -182,8 +182,9 @@ class LogProducer:
     ``spool_dir``) and ``logsdk.seq`` (monotonic per producer), so readers can drop
     the duplicates that at-least-once delivery may create.
 
-    The constructor opens the spool (taking its lock: one producer per directory)
-    and starts two daemon threads (pump and health). Use it as a context manager
+    The constructor opens the spool (taking its lock: one producer per directory;
+    the spool runs its WAL checkpoints on a daemon thread of its own) and starts two
+    daemon threads (pump and health). Use it as a context manager
     or call :meth:`close`, which moves whatever Kafka has not acknowledged to the
     spool. Thread-safe: ``send()`` may be called from any number of threads.
 
@@ -835,6 +836,26 @@ class LogProducer:
     def _new_client(self) -> Producer:
         return _client.new_producer(self.config.librdkafka(), self._on_error)
 
+    def _connect(self, client: Producer) -> None:
+        """Have a new client connect to the cluster's brokers before the replay starts.
+
+        An idempotent client sends nothing before the broker gives it a producer id, and
+        librdkafka asks for one on a 500 ms timer unless a broker connection comes up
+        meanwhile. Its first metadata answer comes through the bootstrap connection, which
+        it then closes; the first attempt finds no broker up, and with the real broker not
+        yet connected (librdkafka connects on demand) the id came 0.5 to 1 s after the
+        client was built, measured: the whole replay window waited for it. A second
+        metadata request needs a real broker connection; once that is up the id is asked
+        at once (about 70 ms after the client was built instead of 500 to 1000).
+        Best effort: a failure here only leaves librdkafka to its timer.
+        """
+        timeout = min(self.config.probe_timeout_s, 1.0)
+        for _ in range(2):
+            try:
+                client.list_topics(self._topic, timeout=timeout)
+            except KafkaException:
+                return
+
     def _set_state(self, new: State, reason: str) -> None:
         old = self._state
         now = time.monotonic()
@@ -884,6 +905,7 @@ class LogProducer:
         if self._failed:
             return  # the disk refused them: stay DEGRADED (records in memory) and retry
         self._client = self._new_client()
+        self._connect(self._client)
         self._replay_cursor = 0
         self._replay_failed = False
         self._replay_tokens = 0.0
@@ -936,7 +958,7 @@ class LogProducer:
             if room <= 0:
                 return False
         try:
-            rows = self._spool.read_after(self._replay_cursor, min(room, cfg.replay_batch))
+            rows = self._spool.read_replay(self._replay_cursor, min(room, cfg.replay_batch))
         except SpoolError as exc:
             self._disk_alarm(exc)
             return False
@@ -947,7 +969,7 @@ class LogProducer:
         pid_header = self._pid_header
         cursor = self._replay_cursor
         sent = 0
-        for rid, topic, key, value, hblob, ts, seq, _size in rows:
+        for rid, topic, key, value, hblob, ts, seq in rows:
             hdrs: KHeaders = [pid_header, (HEADER_SEQ, b"%d" % seq)]
             if hblob is not None:
                 hdrs = [*decode_headers(hblob), *hdrs]
