@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import sqlite_utils
 
@@ -516,23 +517,17 @@ class Spool:
 
     def read_after(self, after_id: int, limit: int) -> list[StoredRow]:
         """Up to ``limit`` rows with id > ``after_id``, oldest first."""
-        try:
-            cur = self.conn.execute(
-                "SELECT id, topic, key, value, headers, ts, seq, size FROM records "
-                "WHERE id > ? ORDER BY id LIMIT ?",
-                (after_id, limit),
-            )
-            return cur.fetchall()
-        except sqlite3.Error as exc:
-            raise SpoolError(f"spool read failed: {exc}") from exc
+        return self._read("id, topic, key, value, headers, ts, seq, size", after_id, limit)
 
     def read_replay(self, after_id: int, limit: int) -> list[ReplayRow]:
         """As :meth:`read_after` without the ``size`` column, which a replay never uses:
         one Python int less to build per row (about 15% of the read's cost)."""
+        return self._read("id, topic, key, value, headers, ts, seq", after_id, limit)
+
+    def _read(self, columns: str, after_id: int, limit: int) -> list[Any]:
         try:
             cur = self.conn.execute(
-                "SELECT id, topic, key, value, headers, ts, seq FROM records "
-                "WHERE id > ? ORDER BY id LIMIT ?",
+                f"SELECT {columns} FROM records WHERE id > ? ORDER BY id LIMIT ?",
                 (after_id, limit),
             )
             return cur.fetchall()
