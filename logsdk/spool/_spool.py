@@ -134,6 +134,16 @@ def _insert_sql(n: int) -> str:
 #: once per connection; 5000: 2.6 s).
 _INSERT_CHUNKS = (1000, 100, 10, 1)
 _H = struct.Struct(">HI")
+#: The columns a record has in both the ``records`` and the ``rejected`` table.
+_RECORD_COLUMNS: dict[str, type] = {
+    "id": int,
+    "topic": str,
+    "key": bytes,
+    "value": bytes,
+    "headers": bytes,
+    "ts": int,
+    "seq": int,
+}
 _NONE = 0xFFFFFFFF
 
 
@@ -362,33 +372,11 @@ class Spool:
             db = sqlite_utils.Database(conn)
             records = db.table("records")
             if not records.exists():
-                records.create(
-                    {
-                        "id": int,
-                        "topic": str,
-                        "key": bytes,
-                        "value": bytes,
-                        "headers": bytes,
-                        "ts": int,
-                        "seq": int,
-                        "size": int,
-                    },
-                    pk="id",
-                )
+                records.create({**_RECORD_COLUMNS, "size": int}, pk="id")
             rejected = db.table("rejected")
             if not rejected.exists():
                 rejected.create(
-                    {
-                        "id": int,
-                        "topic": str,
-                        "key": bytes,
-                        "value": bytes,
-                        "headers": bytes,
-                        "ts": int,
-                        "seq": int,
-                        "error": str,
-                        "at": float,
-                    },
+                    {**_RECORD_COLUMNS, "error": str, "at": float},
                     pk="id",
                 )
             count, total, top = conn.execute(
