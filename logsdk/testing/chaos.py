@@ -126,7 +126,9 @@ def _trace_acks(p: Any, path: Path) -> None:
     outcome): a missing record acknowledged at offset -1 got a "duplicate sequence"
     reply, one acknowledged at an offset the topic holds another record at was acked
     and not kept, and one never acknowledged was lost before Kafka. librdkafka's debug
-    log (``eos``) goes next to it, with the producer ids and epochs it was given.
+    log (``eos``) goes next to it, with the producer ids and epochs it was given. The
+    wrappers are installed once the producer is built, so the reports of a replay its pump
+    began in the meantime (a spool left by the previous process) may be missing.
     """
     from logsdk.producer._producer import _seq_of
 
