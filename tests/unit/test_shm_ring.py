@@ -16,7 +16,7 @@ import pytest
 
 from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
 from logsdk.shm import ShmRing, inspect, list_segments, remove, segment_name
-from logsdk.shm._ring import HEADER_SIZE
+from logsdk.shm._ring import HEADER_SIZE, _publish_slot, _slot
 
 CAP = 64 * 1024
 PID = "p" * 32
@@ -306,3 +306,54 @@ def test_crash_while_initialising_leaves_a_segment_the_next_attach_initialises(
         assert again.put(rec(1))
     finally:
         again.close(unlink=True)
+
+
+class _Recorder(bytearray):
+    """A bytearray that records each slice assignment (offset, bytes) made to it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.writes: list[tuple[int, bytes]] = []
+
+    def __setitem__(self, key: object, value: object) -> None:
+        if isinstance(key, slice) and isinstance(value, bytes | bytearray):
+            self.writes.append((key.start, bytes(value)))
+        super().__setitem__(key, value)  # type: ignore[index]
+
+
+def _torn(data: bytes) -> Iterator[list[int]]:
+    """The byte positions of ``data`` that may have landed when a crash stopped its copy:
+    any subset of its aligned 8-byte words (an aligned 8-byte store is one instruction),
+    and any prefix or suffix of its bytes (a byte-wise copy, either direction)."""
+    words = len(data) // 8
+    for mask in range(1 << words):
+        yield [j for j in range(len(data)) if mask >> (j // 8) & 1]
+    for k in range(len(data) + 1):
+        yield list(range(k))
+        yield list(range(len(data) - k, len(data)))
+
+
+def test_an_index_torn_by_a_crash_reads_as_the_old_or_the_new_value() -> None:
+    """A SIGKILL can stop the writer between any two stores of an index update: whatever
+    part of the write in progress landed, the index reads as its old or its new value,
+    never as unreadable (which made the next reader scan a lap of stale frames)."""
+    old, new = 567_488, 567_560
+    rec = _Recorder(32)
+    _publish_slot(rec, 0, old)
+    before = bytes(rec)
+    rec.writes.clear()
+    _publish_slot(rec, 0, new)
+    steps = rec.writes
+    assert len(steps) == 2
+    assert all(len(b) == 16 for _, b in steps)
+    for i, (off, data) in enumerate(steps):
+        for landed in _torn(data):
+            buf = bytearray(before)
+            for o, d in steps[:i]:
+                buf[o : o + len(d)] = d
+            for j in landed:
+                buf[off + j] = data[j]
+            assert _slot(buf, 0) in (old, new), (i, landed)
+    # What one pack_into over both copies could leave (CPython zero-fills its target
+    # first): both copies unreadable. No layout survives that state, hence two writes.
+    assert _slot(bytearray(32), 0) is None
