@@ -415,7 +415,8 @@ class EmbeddedBroker:
         DUPLICATE_SEQUENCE_NUMBER, offset -1 (needs ``proxy=True``).
 
         The records are never stored, yet an idempotent librdkafka producer reports
-        them delivered (the first one with offset -1): what a broker that saves a
+        them delivered (the first without an offset, ``None`` in Python, the rest at
+        0, 1, 2...): what a broker that saves a
         producer's sequence before the batch does when it fails in between. See
         :meth:`TcpProxy.drop_produce_as_duplicate`.
         """
