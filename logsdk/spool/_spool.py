@@ -31,7 +31,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -465,6 +465,23 @@ class Spool:
         """Bytes left under ``max_bytes`` (None: no cap)."""
         return None if self.max_bytes is None else max(0, self.max_bytes - self.bytes)
 
+    @contextlib.contextmanager
+    def _transaction(self, what: str, recount: bool = False) -> Iterator[sqlite3.Connection]:
+        """``BEGIN`` ... ``COMMIT`` on the spool's connection. On an SQLite error: roll
+        back, recount the gauges from the table when asked (rows may have gone meanwhile),
+        and raise :class:`SpoolError` ("spool <what> failed")."""
+        conn = self.conn
+        try:
+            conn.execute("BEGIN")
+            yield conn
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if recount:
+                self._recount()
+            raise SpoolError(f"spool {what} failed: {exc}") from exc
+
     def append(self, rows: Sequence[Row], total_bytes: int | None = None) -> None:
         """Commit ``rows`` in one transaction; on error nothing is committed.
 
@@ -473,10 +490,8 @@ class Spool:
         """
         if not rows:
             return
-        conn = self.conn
         n = len(rows)
-        try:
-            conn.execute("BEGIN")
+        with self._transaction("write") as conn:
             # Many rows per statement: one sqlite3_step (the GIL released) inserts them
             # all, where executemany releases and re-takes the GIL per row (a sender
             # thread then holds it up to a switch interval each time); the parameters
@@ -492,11 +507,6 @@ class Spool:
                     conn.execute(sql, params)
                     i += size
                     top += size
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise SpoolError(f"spool write failed: {exc}") from exc
         added = rows_bytes(rows) if total_bytes is None else total_bytes
         self.count += n
         self.bytes += added
@@ -534,8 +544,7 @@ class Spool:
         n = sum(hi - lo + 1 for lo, hi in runs)
         conn = self.conn
         before = conn.total_changes
-        try:
-            conn.execute("BEGIN")
+        with self._transaction("delete", recount=True):
             if freed_bytes is None:
                 freed = 0
                 for lo, hi in runs:
@@ -546,12 +555,6 @@ class Spool:
                     freed += int(size)
                 freed_bytes = freed
             conn.executemany("DELETE FROM records WHERE id BETWEEN ? AND ?", runs)
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            self._recount()
-            raise SpoolError(f"spool delete failed: {exc}") from exc
         if conn.total_changes - before != n:
             self._recount()  # some rows were already gone (dropped by policy): recount
         else:
@@ -566,20 +569,12 @@ class Spool:
         partition, so the acknowledged ids of a batch are thousands of short runs. Count
         and bytes are taken from the rows themselves in the same transaction.
         """
-        conn = self.conn
-        try:
-            conn.execute("BEGIN")
+        with self._transaction("delete", recount=True) as conn:
             n, freed = conn.execute(
                 "SELECT count(*), coalesce(sum(size), 0) FROM records WHERE id <= ?", (last_id,)
             ).fetchone()
             if n:
                 conn.execute("DELETE FROM records WHERE id <= ?", (last_id,))
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            self._recount()
-            raise SpoolError(f"spool delete failed: {exc}") from exc
         self.count -= int(n)
         self.bytes -= int(freed)
         self._committed(int(freed))
@@ -591,11 +586,9 @@ class Spool:
         Rows up to ``after_id`` are being replayed (or are already acknowledged): they
         are not the policy's to drop. Returns the number of rows dropped.
         """
-        conn = self.conn
         dropped = freed = 0
         last = after_id
-        try:
-            conn.execute("BEGIN")
+        with self._transaction("drop", recount=True) as conn:
             # Walk (id, size) lazily, oldest first, to the last row to drop; then one
             # range DELETE. Never the whole spool in memory.
             cur = conn.execute("SELECT id, size FROM records WHERE id > ? ORDER BY id", (after_id,))
@@ -612,12 +605,6 @@ class Spool:
             cur.close()
             if dropped:
                 conn.execute("DELETE FROM records WHERE id > ? AND id <= ?", (after_id, last))
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            self._recount()
-            raise SpoolError(f"spool drop failed: {exc}") from exc
         self.count -= dropped
         self.bytes -= freed
         self._committed(freed)
@@ -625,41 +612,29 @@ class Spool:
 
     def move_to_rejected(self, pairs: Sequence[tuple[int, str]]) -> None:
         """Move rows (id, error) from ``records`` to ``rejected``: Kafka refused them."""
-        conn = self.conn
         now = time.time()
         try:
-            conn.execute("BEGIN")
-            for rid, err in pairs:
-                conn.execute(
-                    "INSERT INTO rejected (topic, key, value, headers, ts, seq, error, at) "
-                    "SELECT topic, key, value, headers, ts, seq, ?, ? FROM records WHERE id = ?",
-                    (err, now, rid),
-                )
-                conn.execute("DELETE FROM records WHERE id = ?", (rid,))
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise SpoolError(f"spool write failed: {exc}") from exc
+            with self._transaction("write") as conn:
+                for rid, err in pairs:
+                    conn.execute(
+                        "INSERT INTO rejected (topic, key, value, headers, ts, seq, error, at) "
+                        "SELECT topic, key, value, headers, ts, seq, ?, ? FROM records "
+                        "WHERE id = ?",
+                        (err, now, rid),
+                    )
+                    conn.execute("DELETE FROM records WHERE id = ?", (rid,))
         finally:
             self._recount()
 
     def reject(self, rows: Sequence[tuple[Row, str]]) -> None:
         """Set records aside in the ``rejected`` table: bad data kept for inspection."""
-        conn = self.conn
         now = time.time()
-        try:
-            conn.execute("BEGIN")
+        with self._transaction("write") as conn:
             conn.executemany(
                 "INSERT INTO rejected (topic, key, value, headers, ts, seq, error, at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(*r, err, now) for r, err in rows],
             )
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise SpoolError(f"spool write failed: {exc}") from exc
 
     def rejected_count(self) -> int:
         """Rows set aside as rejected (bad data), kept for inspection."""
