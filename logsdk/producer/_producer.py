@@ -671,13 +671,10 @@ class LogProducer:
                 if self._shm is not None:
                     self._shm.settle(rec[5])
                 return
-            # Unconfirmed: handled below as a delivery that possibly persisted the record.
-            self._n_unconfirmed += 1
-            self._errors["unconfirmed_ack"] += 1
-            self._n_possible_dups += 1
+            # Unconfirmed: a delivery that possibly persisted the record; spooled, resent.
             self._failed.append(rec)
             self._n_failed += 1
-            self._request_degrade(_UNCONFIRMED)
+            self._unconfirmed_seen()
             return
         if _client.is_record_error(err):
             self._reject(rec, err)
@@ -702,10 +699,7 @@ class LogProducer:
         # (rows up to the cursor are deleted by id until the cursor is reset).
         self._replay_failed = True
         if err is None:  # unconfirmed (see _UNCONFIRMED): the row stays, and is resent
-            self._n_unconfirmed += 1
-            self._errors["unconfirmed_ack"] += 1
-            self._n_possible_dups += 1
-            self._request_degrade(_UNCONFIRMED)
+            self._unconfirmed_seen()
             return
         if _client.is_record_error(err):
             with self._lock:
@@ -741,6 +735,13 @@ class LogProducer:
             return True
         del self._dupseq[key]
         return False
+
+    def _unconfirmed_seen(self) -> None:
+        """Count one unconfirmed delivery report and degrade, so its record is resent."""
+        self._n_unconfirmed += 1
+        self._errors["unconfirmed_ack"] += 1
+        self._n_possible_dups += 1
+        self._request_degrade(_UNCONFIRMED)
 
     def _polled(self) -> None:
         """A poll or flush returned: every batch it reported is complete."""
