@@ -22,10 +22,15 @@ def test_chaos_60s_seed_1_loses_nothing() -> None:
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     assert lines, out.stdout + out.stderr
     verdict = json.loads(lines[-1])
+    # The checker's own summary (the lines before the JSON) says what went wrong, if anything.
+    why = "\n".join(ln for ln in out.stdout.splitlines()[-14:] if not ln.startswith("{"))
     assert verdict["accepted"] > 10_000
     assert verdict["events"], "the nemesis did nothing"
-    assert verdict["missing"] == 0, verdict
-    assert verdict["duplicates"] == 0, verdict
-    assert verdict["order_violations"] == 0, verdict
-    assert verdict["verdict"] == "ok"
+    assert verdict["missing"] == 0, why
+    assert verdict["duplicates"] == 0, why
+    # Records resent because the broker answered "duplicate sequence" for a batch it never
+    # stored land after later ones (README, Chaos): counted apart. Any other is a failure.
+    other = verdict["order_violations"] - verdict["order_violations_after_unconfirmed"]
+    assert other == 0, why
+    assert verdict["verdict"] == "ok", why
     assert out.returncode == 0
