@@ -744,9 +744,12 @@ class LogProducer:
         self._request_degrade(_UNCONFIRMED)
 
     def _polled(self) -> None:
-        """A poll or flush returned: every batch it reported is complete."""
+        """A poll or flush returned: every batch it reported is complete, and the ring
+        slots of the records it settled are flagged (one lock for the lot)."""
         if self._dupseq:
             self._dupseq.clear()
+        if self._shm is not None:
+            self._shm.drain_settled()
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

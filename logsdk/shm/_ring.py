@@ -31,7 +31,11 @@ Invariants:
   the whole target before it packs, so a crash at that instant left both copies
   unreadable);
 - a record's frame stays unsettled until Kafka acknowledged it or the spool committed it,
-  and the tail never passes an unsettled frame;
+  and the tail never passes an unsettled frame. :meth:`ShmRing.settle` only notes the
+  seq; the flag is written by :meth:`ShmRing.drain_settled` (the producer's pump, after
+  each poll) or by the writer before it moves the tail, both under one lock, so no flag
+  is ever written into space the tail has already given back. A crash before a flag is
+  written resends that record: a duplicate, never a loss;
 - one live owner per segment: an exclusive ``flock`` on the segment's descriptor, which
   the kernel releases when the owner dies, so a dead owner never blocks recovery.
 """
@@ -124,7 +128,8 @@ class ShmRing:
     """The ring buffer of one producer; see the module docstring for the layout.
 
     Create it with :meth:`attach`. Writes (:meth:`put`) must be serialised by the caller
-    (the producer holds its send lock); :meth:`settle` may be called from any thread.
+    (the producer holds its send lock); :meth:`settle` and :meth:`drain_settled` may be
+    called from any thread.
     """
 
     def __init__(self, name: str, shm: posix_ipc.SharedMemory, mm: mmap.mmap) -> None:
@@ -139,8 +144,9 @@ class ShmRing:
         self._order: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end)
         self._topics: dict[str, bytes] = {}
         self._puts = 0
-        # settle() (any thread) and the tail's advance (the writer) take this lock, so a
-        # slot's settled flag is written before its space can be reused, never after.
+        self._settled: list[int] = []  # seqs settle() noted, not yet flagged in the ring
+        # Flagging settled frames (drain) and the tail's advance (the writer) take this
+        # lock, so a slot's settled flag is written before its space can be reused.
         self._settle_lock = threading.Lock()
         self.recovered: list[Row] = []  # unsettled records a dead owner left behind
         self.corrupt = 0  # corrupt regions skipped while reading them
@@ -270,6 +276,7 @@ class ShmRing:
         self._head = start
         self._open.clear()
         self._order.clear()
+        self._settled.clear()
         self.recovered = []
 
     def close(self, unlink: bool) -> None:
@@ -378,17 +385,48 @@ class ShmRing:
         return tb
 
     def settle(self, seq: int) -> None:
-        """The record ``seq`` is acknowledged or committed to the spool: free its slot."""
-        with self._settle_lock:
-            b = self._open.pop(seq, None)
-            if b is not None and not self.closed:
-                self._mm[b + 8] = 1  # a recovering reader skips it (fewer duplicates)
+        """The record ``seq`` is acknowledged or committed to the spool: free its slot.
+
+        Only notes it (any thread, no lock); :meth:`drain_settled` or the writer's next
+        advance flags the frame and lets the tail pass it."""
+        self._settled.append(seq)
+
+    def drain_settled(self) -> None:
+        """Flag the frames of the records settled so far, so a recovering reader skips
+        them (fewer duplicates after a crash). Any thread; the producer's pump calls it
+        after each poll."""
+        if self._settled:
+            with self._settle_lock:
+                self._drain()
+
+    def _drain(self) -> None:
+        """Caller holds _settle_lock: nothing moves the tail meanwhile, so every frame
+        still in _open is in [tail, head) and its flag byte is its own."""
+        settled = self._settled
+        n = len(settled)
+        if not n:
+            return
+        # Copy, then delete that prefix: settle() may append meanwhile (both are single
+        # list operations under the GIL), and what it appends stays for the next drain.
+        batch = settled[:n]
+        del settled[:n]
+        pop = self._open.pop
+        if self.closed:
+            for seq in batch:
+                pop(seq, None)
+            return
+        mm = self._mm
+        for seq in batch:
+            b = pop(seq, None)
+            if b is not None:
+                mm[b + 8] = 1
 
     def _advance(self) -> None:
         """Move the tail past the settled frames at its end (caller serialises with put)."""
         order, open_ = self._order, self._open
         tail = self._tail
-        with self._settle_lock:  # a settle() between its pop and its flag write ends first
+        with self._settle_lock:  # a drain between its pop and its flag write ends first
+            self._drain()
             while order and order[0][0] not in open_:
                 tail = order.popleft()[1]
         if not order:
@@ -403,6 +441,7 @@ class ShmRing:
     @property
     def pending(self) -> int:
         """Records in the ring that are neither acknowledged nor in the spool."""
+        self.drain_settled()
         return len(self._open)
 
     def stats(self) -> dict[str, object]:
@@ -410,7 +449,7 @@ class ShmRing:
         return {
             "shm_name": self.name,
             "shm_capacity": self.capacity,
-            "shm_records": len(self._open),
+            "shm_records": self.pending,
             "shm_used_bytes": self._head - self._tail,
             "shm_recovered": self.n_recovered,
             "shm_corrupt": self.corrupt,

@@ -162,7 +162,7 @@ def test_corrupt_frames_are_counted_and_skipped_never_hiding_later_ones(
 
 class _SwitchAfterPop(dict[int, int]):
     """The ring's open-slot map, running ``hook`` right after a pop: the thread switch
-    that lets a writer run between ``settle()`` taking a slot and flagging it."""
+    that lets a writer run between a drain taking a settled slot and flagging it."""
 
     hook: Callable[[], None] | None = None
 
@@ -177,9 +177,10 @@ class _SwitchAfterPop(dict[int, int]):
 def test_settle_racing_a_writer_never_flags_the_record_that_reuses_its_slot(
     name: str, tmp_path: Path
 ) -> None:
-    """A full ring; settle(0) is interrupted after taking slot 0 and a writer thread puts
-    record 512 in the space it frees. The writer must wait for settle's flag write: were
-    the flag written into the new frame, record 512 would be read back as settled (lost)."""
+    """A full ring; record 0 is settled, and the drain that flags it (the pump's, after a
+    poll) is interrupted after taking slot 0, while a writer thread puts record 512 in the
+    space it frees. The writer must wait for the drain's flag write: were the flag written
+    into the new frame, record 512 would be read back as settled (lost)."""
     ring = ShmRing.attach(name, CAP, PID, tmp_path)
     frame = ("topic", b"k", b"v" * 68, None, 1, 0)  # a 128-byte frame: 512 fill the ring
     for i in range(CAP // 128):
@@ -195,6 +196,8 @@ def test_settle_racing_a_writer_never_flags_the_record_that_reuses_its_slot(
 
     hooked.hook = switch
     ring.settle(0)
+    assert 0 in hooked  # settle() only notes it: no pop yet
+    ring.drain_settled()
     writer.join(10)
     assert ring.pending == 512
     crash(ring)
@@ -207,12 +210,16 @@ def test_settle_racing_a_writer_never_flags_the_record_that_reuses_its_slot(
 
 
 def test_settled_records_are_not_read_back(name: str, tmp_path: Path) -> None:
-    """Records acknowledged out of order (several partitions) are not resent after a crash."""
+    """Records acknowledged out of order (several partitions) are not resent after a crash
+    once their frames are flagged (the producer's pump drains right after each poll); the
+    ones settled after the last drain are resent: duplicates, never a loss."""
     ring = ShmRing.attach(name, CAP, PID, tmp_path)
     for i in range(50):
         ring.put(rec(i))
     for i in range(0, 50, 3):
         ring.settle(i)
+    ring.drain_settled()
+    ring.settle(1)  # acknowledged, but the crash comes before the next drain
     crash(ring)
     again = ShmRing.attach(name, CAP, PID, tmp_path)
     try:
