@@ -19,16 +19,18 @@
   the resident size of the ring and the process's RSS right after the run.
 
 Median of ``--rounds`` alternating rounds, 200-byte and 1 KiB values. Starts its own
-embedded broker, a fresh one for each value size and for each producer.shm size: the
-embedded broker keeps every record in memory, and after a few million records (3 GB)
-it takes CPU the producers on this machine need (producer.shm measured 0.40-0.47 after
-the other figures on one broker, 0.52-0.54 on a fresh one; the raw side did not move).
+embedded broker, a fresh one for each value size and for each producer.shm size, and
+deletes each measurement's topic right after it: the embedded broker keeps every record
+in memory, and one holding a few GB takes CPU the producers on this machine need
+(producer.shm measured 0.40-0.47 after the other figures on one broker, 0.52-0.54 on a
+fresh one; the raw 1 KiB rate fell from 190k/s to 150k/s over three rounds).
 ``--json``: the last line is ``{"results": [...]}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import resource
@@ -39,13 +41,14 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from logsdk import LogProducer
-from logsdk.testing import EmbeddedBroker, create_topic, free_port
+from logsdk.testing import EmbeddedBroker, create_topic, delete_topic, free_port
 
 PARTITIONS = 4
 SYNC = "NORMAL"
@@ -56,6 +59,18 @@ FAST: dict[str, Any] = {
     "replay_max_rate": None,
     "replay_batch": 5000,
 }
+
+
+@contextlib.contextmanager
+def _topic(broker: EmbeddedBroker, name: str) -> Iterator[str]:
+    """A topic for one measurement, deleted right after it: the embedded broker keeps
+    every record in memory, and one holding a few GB takes CPU the producers on this
+    machine need, so each measurement starts from an empty broker."""
+    topic = create_topic(broker.bootstrap_servers, f"{name}-{uuid.uuid4().hex[:6]}", PARTITIONS)
+    try:
+        yield topic
+    finally:
+        delete_topic(broker.bootstrap_servers, topic)
 
 
 def _values(n: int, size: int) -> list[bytes]:
@@ -176,14 +191,14 @@ def run_shm(
             for r in range(rounds):
                 tag = uuid.uuid4().hex[:6]
                 for side in ("sdk", "raw") if r % 2 == 0 else ("raw", "sdk"):
-                    topic = create_topic(broker.bootstrap_servers, f"{side}-shm-{tag}", PARTITIONS)
-                    if side == "raw":
-                        raw.append(raw_produce(broker, topic, values))
-                    else:
-                        rate, vm, sh = sdk_produce_shm(broker, topic, values, work / tag)
-                        sdk.append(rate)
-                        rss.append(vm)
-                        shmem.append(sh)
+                    with _topic(broker, f"{side}-shm") as topic:
+                        if side == "raw":
+                            raw.append(raw_produce(broker, topic, values))
+                        else:
+                            rate, vm, sh = sdk_produce_shm(broker, topic, values, work / tag)
+                            sdk.append(rate)
+                            rss.append(vm)
+                            shmem.append(sh)
             # Median of per-round ratios: each pair ran back to back on the same broker.
             ratio = statistics.median(a / b for a, b in zip(sdk, raw, strict=True))
             res = _result(
@@ -324,22 +339,20 @@ def run(
                     tag = uuid.uuid4().hex[:6]
                     # Alternate which side goes first, so drift favours neither.
                     first_sdk = r % 2 == 0
-                    t_raw = create_topic(broker.bootstrap_servers, f"raw-{tag}", PARTITIONS)
-                    t_sdk = create_topic(broker.bootstrap_servers, f"sdk-{tag}", PARTITIONS)
-                    t_hdr = create_topic(broker.bootstrap_servers, f"hdr-{tag}", PARTITIONS)
                     sides = ("sdk", "raw", "hdr") if first_sdk else ("hdr", "raw", "sdk")
                     for side in sides:
                         if only == "replay":
                             break
-                        if side == "raw":
-                            mem_raw.append(raw_produce(broker, t_raw, values))
-                        elif side == "hdr":
-                            mem_hdr.append(raw_produce(broker, t_hdr, values, headers=True))
-                        else:
-                            rate, samples = sdk_produce(broker, t_sdk, values, work / f"m-{tag}")
-                            mem_sdk.append(rate)
-                            samples.sort()
-                            p99s.append(samples[int(len(samples) * 0.99)] / 1000)
+                        with _topic(broker, side) as t:
+                            if side == "raw":
+                                mem_raw.append(raw_produce(broker, t, values))
+                            elif side == "hdr":
+                                mem_hdr.append(raw_produce(broker, t, values, headers=True))
+                            else:
+                                rate, samples = sdk_produce(broker, t, values, work / f"m-{tag}")
+                                mem_sdk.append(rate)
+                                samples.sort()
+                                p99s.append(samples[int(len(samples) * 0.99)] / 1000)
                     for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
                         if side == "raw":
                             if only == "replay":
@@ -349,15 +362,14 @@ def run(
                             spill_raw.append(raw_sqlite(values, d))
                         else:
                             spill_sdk.append(sdk_spill(values, work / f"s-{tag}"))
-                    t_rep = create_topic(broker.bootstrap_servers, f"rep-{tag}", PARTITIONS)
-                    t_raw2 = create_topic(broker.bootstrap_servers, f"raw2-{tag}", PARTITIONS)
                     for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
-                        if side == "raw":
-                            rep_raw.append(raw_produce(broker, t_raw2, values))
-                        else:
-                            rate, n = sdk_replay(broker, t_rep, work / f"s-{tag}")
-                            assert n == records + 1, n  # + the warm-up record
-                            rep_sdk.append(rate)
+                        with _topic(broker, f"{side}-replay") as t:
+                            if side == "raw":
+                                rep_raw.append(raw_produce(broker, t, values))
+                            else:
+                                rate, n = sdk_replay(broker, t, work / f"s-{tag}")
+                                assert n == records + 1, n  # + the warm-up record
+                                rep_sdk.append(rate)
                 med = statistics.median
                 if only == "replay":
                     results.append(_replay_result(size, rep_sdk, rep_raw, params))

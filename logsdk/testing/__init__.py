@@ -16,7 +16,7 @@ The pytest fixtures (``kafka_broker``, ``fresh_topic``, ``broker_factory``) are
 in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
 """
 
-from logsdk.testing._admin import create_topic, read_topic
+from logsdk.testing._admin import create_topic, delete_topic, read_topic
 from logsdk.testing._broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
 from logsdk.testing._check import DeliveryReport, check_delivery, identity
 
@@ -25,6 +25,7 @@ __all__ = [
     "EmbeddedBroker",
     "check_delivery",
     "create_topic",
+    "delete_topic",
     "free_port",
     "identity",
     "port_is_free",

@@ -72,6 +72,17 @@ def create_topic(
     raise BrokerError(f"topic {name!r} was created but not ready within {timeout}s")
 
 
+def delete_topic(bootstrap_servers: str, name: str, *, timeout: float = 20.0) -> None:
+    """Delete ``name`` and wait for the broker to confirm (the embedded broker then frees
+    its records: a long benchmark keeps its memory flat by deleting what it measured)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    futures = admin.delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
+    try:
+        futures[name].result(timeout)
+    except KafkaException as exc:
+        raise BrokerError(f"could not delete topic {name!r}: {exc}") from exc
+
+
 def read_topic(
     bootstrap_servers: str,
     topic: str,

@@ -34,6 +34,7 @@ def test_testing_exports() -> None:
             "EmbeddedBroker",
             "check_delivery",
             "create_topic",
+            "delete_topic",
             "free_port",
             "identity",
             "port_is_free",
