@@ -172,3 +172,97 @@ def test_ids_keep_growing_when_the_spool_empties(tmp_path: Path) -> None:
         assert sp.delete_through(again[0]) == 0
     finally:
         sp.close()
+
+
+def _rows_in_file(path: Path, table: str) -> list[int]:
+    conn = sqlite3.connect(path / "spool.db")
+    try:
+        return [int(s) for (s,) in conn.execute(f"SELECT seq FROM {table} ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_delete_through_moves_a_watermark_and_truncates_once_nothing_is_left(
+    tmp_path: Path,
+) -> None:
+    """Acknowledged rows leave the spool at once (reads, counts, the ``records`` view, a
+    reopen); the table keeps them until no row is left above the watermark, then empties;
+    ids never go back below the watermark, even in an emptied table after a reopen."""
+    sp = Spool(tmp_path).open()
+    try:
+        sp.append(_rows(5))
+        ids = [r[0] for r in sp.read_after(0, 10)]
+        assert sp.delete_through(ids[2]) == 3
+        assert [r[6] for r in sp.read_after(0, 10)] == [3, 4]
+        assert [r[6] for r in sp.read_replay(0, 10)] == [3, 4]
+        assert (sp.count, sp.bytes) == (2, sum(row_size(r) for r in _rows(5)[3:]))
+        assert _rows_in_file(tmp_path, "records") == [3, 4]
+        assert _rows_in_file(tmp_path, "records_all") == [0, 1, 2, 3, 4]  # not yet deleted
+    finally:
+        sp.close()
+    sp = Spool(tmp_path).open()  # the watermark is in the database: it survives a restart
+    try:
+        assert (sp.count, [r[6] for r in sp.read_after(0, 10)]) == (2, [3, 4])
+        assert sp.delete_through(ids[4]) == 2
+        assert (sp.count, sp.bytes) == (0, 0)
+        assert _rows_in_file(tmp_path, "records_all") == []  # truncated
+    finally:
+        sp.close()
+    sp = Spool(tmp_path).open()
+    try:
+        sp.append(_rows(1))
+        assert [r[0] for r in sp.read_after(0, 10)] == [ids[4] + 1]
+    finally:
+        sp.close()
+
+
+def test_acknowledged_rows_below_the_watermark_are_deleted_past_a_quarter_of_the_cap(
+    tmp_path: Path,
+) -> None:
+    """With rows still to replay, the acknowledged ones are deleted for real by the next
+    append once they hold a quarter of spool_max_bytes, so new rows reuse their pages."""
+    rows = _rows(40)
+    cap = rows_bytes(rows) * 2
+    sp = Spool(tmp_path, max_bytes=cap).open()
+    try:
+        sp.append(rows)
+        ids = [r[0] for r in sp.read_after(0, 100)]
+        sp.delete_through(ids[4])  # 5 rows: under a quarter of the cap
+        sp.append(_rows(1, start=40))
+        assert len(_rows_in_file(tmp_path, "records_all")) == 41
+        sp.delete_through(ids[24])  # 25 rows: over it, but no append yet
+        assert len(_rows_in_file(tmp_path, "records_all")) == 41
+        sp.append(_rows(1, start=41))
+        assert _rows_in_file(tmp_path, "records_all") == list(range(25, 42))
+        assert _rows_in_file(tmp_path, "records") == list(range(25, 42))
+        assert (sp.count, sp.bytes) == (17, rows_bytes(_rows(17, start=25)))
+    finally:
+        sp.close()
+
+
+def test_a_spool_written_before_the_watermark_opens_with_its_rows(tmp_path: Path) -> None:
+    """A spool whose rows are in a table ``records`` (logsdk before the watermark): the
+    table becomes ``records_all``, a view takes its name, every row is still there."""
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    conn.execute(
+        "CREATE TABLE records (id INTEGER PRIMARY KEY, topic TEXT, key BLOB, value BLOB, "
+        "headers BLOB, ts INTEGER, seq INTEGER, size INTEGER)"
+    )
+    conn.execute(
+        "CREATE TABLE rejected (id INTEGER PRIMARY KEY, topic TEXT, key BLOB, value BLOB, "
+        "headers BLOB, ts INTEGER, seq INTEGER, error TEXT, at FLOAT)"
+    )
+    conn.executemany(
+        "INSERT INTO records VALUES (?, 't', NULL, ?, NULL, 0, ?, 70)",
+        [(7 + i, b"v%d" % i, i) for i in range(3)],
+    )
+    conn.commit()
+    conn.close()
+    sp = Spool(tmp_path).open()
+    try:
+        assert (sp.count, sp.bytes) == (3, 210)
+        assert [r[6] for r in sp.read_after(0, 10)] == [0, 1, 2]
+        assert sp.delete_through(7) == 1
+        assert _rows_in_file(tmp_path, "records") == [1, 2]
+    finally:
+        sp.close()
