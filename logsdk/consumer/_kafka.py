@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from itertools import groupby, repeat
-from operator import is_not, itemgetter
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import (
@@ -129,6 +129,7 @@ class KafkaConsumerClient:
         self._on_lost = on_lost
         self.errors = 0
         self.last_error: str | None = None
+        self._only_topic: str | None = None  # set by subscribe() for one topic by name
         try:
             self._consumer = Consumer(dict(config))
         except (KafkaException, ValueError, TypeError) as exc:
@@ -165,6 +166,9 @@ class KafkaConsumerClient:
             )
         except KafkaException as exc:
             raise ConsumerError(f"could not subscribe to {list(topics)}: {exc}") from exc
+        # A name starting with ^ is a regex in librdkafka: it may match several topics.
+        names = list(topics)
+        self._only_topic = names[0] if len(names) == 1 and not names[0].startswith("^") else None
 
     # -- fetching -----------------------------------------------------------------------
 
@@ -181,9 +185,10 @@ class KafkaConsumerClient:
             raise ConsumerError(f"consume failed: {exc}") from exc
         if not msgs:
             return []
-        errors = list(map(_msg_error, msgs))
-        # By identity: comparing a KafkaError with None raises.
-        if any(map(is_not, errors, repeat(None))):
+        # One C-level pass, no list: None is false, a KafkaError true (never compare one
+        # with None: its == raises).
+        if any(map(_msg_error, msgs)):
+            errors = list(map(_msg_error, msgs))
             for err in errors:
                 if err is not None:
                     self._error(err)
@@ -192,16 +197,20 @@ class KafkaConsumerClient:
                 return []
         n = len(msgs)
         partitions = list(map(_msg_partition, msgs))
-        topics = list(map(_msg_topic, msgs))
+        only = self._only_topic
         keys: list[Any] = partitions
-        if topics.count(topics[0]) != n:
-            keys = list(zip(topics, partitions, strict=True))
+        if only is None:
+            topics = list(map(_msg_topic, msgs))
+            if topics.count(topics[0]) != n:
+                keys = list(zip(topics, partitions, strict=True))
+        # Else one topic subscribed by name: every message is of it.
         runs: list[Run] = []
         i = 0
         for _, group in groupby(keys):
             j = i + len(list(group))
             run = msgs if i == 0 and j == n else msgs[i:j]
-            runs.append(Run((topics[i], partitions[i]), run))  # type: ignore[arg-type]
+            topic = topics[i] if only is None else only
+            runs.append(Run((topic, partitions[i]), run))  # type: ignore[arg-type]
             i = j
         return runs
 
