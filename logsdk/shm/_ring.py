@@ -411,14 +411,11 @@ class ShmRing:
         batch = settled[:n]
         del settled[:n]
         pop = self._open.pop
-        if self.closed:
-            for seq in batch:
-                pop(seq, None)
-            return
+        flag = not self.closed  # a closed ring is unmapped: only the bookkeeping remains
         mm = self._mm
         for seq in batch:
             b = pop(seq, None)
-            if b is not None:
+            if b is not None and flag:
                 mm[b + 8] = 1
 
     def _advance(self) -> None:
