@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,18 +120,14 @@ def _producer_child(args: argparse.Namespace) -> int:
 
 
 def _trace_acks(p: Any, path: Path) -> None:
-    """Append one line per delivery report to ``path``: ``seq partition offset error``.
+    """Append one line per delivery report to ``path`` (see :func:`trace_deliveries`).
 
     Part of the checker's history (as a Jepsen history records every operation's
     outcome): a missing record acknowledged at offset -1 got a "duplicate sequence"
     reply, one acknowledged at an offset the topic holds another record at was acked
     and not kept, and one never acknowledged was lost before Kafka. librdkafka's debug
-    log (``eos``) goes next to it, with the producer ids and epochs it was given. The
-    wrappers are installed once the producer is built, so the reports of a replay its pump
-    began in the meantime (a spool left by the previous process) may be missing.
+    log (``eos``) goes next to it, with the producer ids and epochs it was given.
     """
-    from logsdk.producer._producer import _seq_of
-
     out = open(path, "a", buffering=1)  # noqa: SIM115 - line-buffered: a SIGKILL loses no line
     out.write(f"# pid {os.getpid()}\n")
     rd = logging.getLogger("logsdk.librdkafka")
@@ -140,10 +136,22 @@ def _trace_acks(p: Any, path: Path) -> None:
     rd.addHandler(h)
     rd.setLevel(logging.DEBUG)
     rd.propagate = False
+    trace_deliveries(p, out.write)
+
+
+def trace_deliveries(p: Any, write: Callable[[str], object]) -> None:
+    """Wrap the delivery callbacks of LogProducer ``p``: each report first calls
+    ``write("seq partition offset error time\\n")`` (error 0: delivered; offset None: no
+    offset given). :func:`unconfirmed_seqs` reads these lines back.
+
+    Install it right after the producer is built: the reports of a replay its pump began
+    in the meantime (a spool left by a previous process) may be missing.
+    """
+    from logsdk.producer._producer import _seq_of
 
     def line(seq: int, err: Any, msg: Any) -> None:
         code = 0 if err is None else err.code()
-        out.write(f"{seq} {msg.partition()} {msg.offset()} {code} {time.time():.3f}\n")
+        write(f"{seq} {msg.partition()} {msg.offset()} {code} {time.time():.3f}\n")
 
     base = p._record
 
@@ -582,35 +590,53 @@ def _delivery_history(
         if not acks.exists():
             continue
         seqs, mine, doubt = want.get(pid, set()), reports.setdefault(pid, {}), set()
-        chain: tuple[int, int] | None = None  # (partition, next offset) of a doubtful batch
         with acks.open() as f:
-            for raw in f:
-                parts = raw.split()
-                if len(parts) < 4 or raw.startswith("#"):
-                    chain = None  # a new process: no batch spans it
-                    continue
-                try:
-                    seq, part, code = int(parts[0]), int(parts[1]), int(parts[3])
-                    off = -1 if parts[2] == "None" else int(parts[2])
-                except ValueError:
-                    chain = None  # a line torn by SIGKILL
-                    continue
-                bad = False
-                if code == 0:
-                    if off < 0:
-                        bad, chain = True, (part, 0)
-                    elif chain == (part, off):
-                        bad, chain = True, (part, off + 1)
-                    else:
-                        chain = None
-                else:
-                    chain = None
-                if bad:
+            for seq, report in _reports(f):
+                if report[3]:
                     doubt.add(seq)
                 if seq in seqs:
-                    mine.setdefault(seq, []).append((part, off, code, bad))
+                    mine.setdefault(seq, []).append(report)
         unconfirmed[pid] = doubt
     return unconfirmed, reports
+
+
+def _reports(lines: Iterable[str]) -> Iterator[tuple[int, Report]]:
+    """``(seq, report)`` for each line written by :func:`trace_deliveries`, in order,
+    with the producer's ``_unconfirmed`` rule replayed: a "delivered" report without an
+    offset, and the rest of its batch (the same partition, offsets 0, 1, 2... right after
+    it), are unconfirmed. A ``#`` line (a new process) and a torn line end a batch."""
+    chain: tuple[int, int] | None = None  # (partition, next offset) of a doubtful batch
+    for raw in lines:
+        parts = raw.split()
+        if len(parts) < 4 or raw.startswith("#"):
+            chain = None
+            continue
+        try:
+            seq, part, code = int(parts[0]), int(parts[1]), int(parts[3])
+            off = -1 if parts[2] == "None" else int(parts[2])
+        except ValueError:
+            chain = None  # a line torn by SIGKILL
+            continue
+        bad = False
+        if code == 0:
+            if off < 0:
+                bad, chain = True, (part, 0)
+            elif chain == (part, off):
+                bad, chain = True, (part, off + 1)
+            else:
+                chain = None
+        else:
+            chain = None
+        yield seq, (part, off, code, bad)
+
+
+def unconfirmed_seqs(lines: Iterable[str]) -> set[int]:
+    """The seqs whose "delivered" report no offset confirmed, from the lines
+    :func:`trace_deliveries` wrote: librdkafka's success after a broker's "duplicate
+    sequence number" reply. The producer resends those records; when the broker had
+    not in fact stored them (the embedded broker's quirk) they land after records sent
+    later, so these seqs explain order violations a reader then sees."""
+    return {seq for seq, report in _reports(lines) if report[3]}
 
 
 def _explain_missing(

@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from logsdk import LogProducer
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
+from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 from tests.conftest import FAST, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
@@ -95,11 +96,15 @@ def test_log_producer_resends_batch_told_duplicate(
 ) -> None:
     """A LogProducer whose batch was lost and reported as a duplicate must still deliver
     every record: an acknowledgement without a valid offset is not proof of storage.
-    The records of the batch are counted as unconfirmed, spooled and resent."""
+    The records of the batch are counted as unconfirmed, spooled and resent (so they
+    land after records sent later: the only order violations, and the delivery trace
+    the fault tests use names each of them)."""
     broker = broker_factory(durable=True, proxy=True)
     topic = create_topic(broker.bootstrap_servers, "dupseq", 3)
     n, first = 2000, 100
+    reports: list[str] = []
     with LogProducer(broker.bootstrap_servers, topic, tmp_path, **FAST) as p:
+        trace_deliveries(p, reports.append)
         for i in range(first):
             p.send(b"%d" % i, key=b"%d" % (i % 12))
         wait_until(
@@ -124,6 +129,11 @@ def test_log_producer_resends_batch_told_duplicate(
     assert stats["errors"]["unconfirmed_ack"] == stats["unconfirmed_acks"]
     rep = check_delivery(read_topic(broker.bootstrap_servers, topic, extra_config=CHECK_CRCS))
     assert rep.missing(pid, range(n)) == []
+    # The trace replays the producer's rule per report; it can only see a batch's chain
+    # go on where the producer ended it at a poll's end, never the other way round.
+    traced = unconfirmed_seqs(reports)
+    assert len(traced) >= stats["unconfirmed_acks"]
+    assert {s for _, s in rep.order_violators} <= traced
 
 
 # -- the proxy's answers, byte by byte ----------------------------------------------------

@@ -2,7 +2,12 @@
 
 Every test counts every record: a plain confluent-kafka reader must find each
 (producer, seq) at least once (exactly once after dedupe), none missing, and the
-first occurrences in send order within each partition.
+first occurrences in send order within each partition. The one exception to order is
+the embedded broker's: after a restart it may answer "duplicate sequence number" to a
+batch it never stored. librdkafka reports that batch delivered without an offset; the
+producer counts the report as unconfirmed and resends the records, which then land
+after records sent later. A record out of order must be one of those (its own delivery
+report traced, see ``_send_with_faults``); any other is a failure.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import pytest
 from logsdk import LogProducer
 from logsdk.integrations.logging import KafkaHandler
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
+from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, wait_until
 
@@ -39,11 +45,14 @@ def _send_with_faults(
     spool: Path,
     faults: dict[int, Callable[[], None]],
     pace_s: float = 0.1,
-) -> tuple[str, dict[str, object]]:
+) -> tuple[str, dict[str, object], set[int]]:
     """Send N records in chunks (about N/CHUNK*pace_s seconds), running each fault when
-    the record count reaches its key; then wait until everything is acknowledged."""
+    the record count reaches its key; then wait until everything is acknowledged.
+    Returns the producer id, its stats and the seqs of its unconfirmed delivery reports."""
     topic = create_topic(broker.bootstrap_servers, "faults", 3)
     p = LogProducer(broker.bootstrap_servers, topic, spool, **FAST)
+    reports: list[str] = []
+    trace_deliveries(p, reports.append)  # before the first send: the spool starts empty
     try:
         for start in range(0, N, CHUNK):
             if start in faults:
@@ -66,21 +75,26 @@ def _send_with_faults(
         p.close()
     assert stats["sent"] == N
     assert stats["dropped"] == 0
-    return p.producer_id, stats
+    return p.producer_id, stats, unconfirmed_seqs(reports)
 
 
-def _check_all_delivered(broker: EmbeddedBroker, pid: str, stats: dict[str, object]) -> None:
+def _check_all_delivered(
+    broker: EmbeddedBroker, pid: str, stats: dict[str, object], unconfirmed: set[int]
+) -> None:
     rep = check_delivery(read_topic(broker.bootstrap_servers, "faults", timeout=120))
-    # On failure, say what the producer saw: an order violation after a broker's
-    # "duplicate sequence" reply (unconfirmed_acks > 0) is not the same bug as one without.
+    # Out of order only after the broker's "duplicate sequence" lie (module docstring):
+    # each such record's own delivery report was unconfirmed, and the producer counted it.
+    unexplained = [(p, s) for p, s in rep.order_violators if p != pid or s not in unconfirmed]
     why = (
         f"order violations {rep.order_violations} (first: {rep.order_violators[:10]}), "
-        f"duplicates {rep.duplicates}, unconfirmed_acks {stats.get('unconfirmed_acks')}, "
-        f"errors {stats.get('errors')}, transitions {stats.get('transitions')}"
+        f"not after an unconfirmed report: {len(unexplained)} (first: {unexplained[:10]}), "
+        f"duplicates {rep.duplicates}, unconfirmed_acks {stats.get('unconfirmed_acks')} "
+        f"(traced: {len(unconfirmed)}), errors {stats.get('errors')}, "
+        f"transitions {stats.get('transitions')}"
     )
     assert rep.missing(pid, range(N)) == [], why
     assert rep.unique == N, why
-    assert rep.order_violations == 0, why
+    assert unexplained == [], why
 
 
 def _later(delay: float, fn: Callable[[], None]) -> threading.Timer:
@@ -98,14 +112,14 @@ def test_broker_sigkilled_three_times(broker_factory: BrokerFactory, tmp_path: P
         broker.kill()
         timers.append(_later(2.5, broker.restart))
 
-    pid, stats = _send_with_faults(
+    pid, stats, unconfirmed = _send_with_faults(
         broker, tmp_path, {40_000: crash, 100_000: crash, 160_000: crash}
     )
     for t in timers:
         t.join()
     assert stats["transitions"] >= 6  # three times DEGRADED and back
     assert stats["spooled"] > 0
-    _check_all_delivered(broker, pid, stats)
+    _check_all_delivered(broker, pid, stats, unconfirmed)
 
 
 def test_network_cut_for_ten_seconds(broker_factory: BrokerFactory, tmp_path: Path) -> None:
@@ -117,11 +131,11 @@ def test_network_cut_for_ten_seconds(broker_factory: BrokerFactory, tmp_path: Pa
         broker.cut()
         timers.append(_later(10, broker.heal))
 
-    pid, stats = _send_with_faults(broker, tmp_path, {60_000: cut})
+    pid, stats, unconfirmed = _send_with_faults(broker, tmp_path, {60_000: cut})
     for t in timers:
         t.join()
     assert stats["spooled"] > 0
-    _check_all_delivered(broker, pid, stats)
+    _check_all_delivered(broker, pid, stats, unconfirmed)
 
 
 def test_broker_paused(broker_factory: BrokerFactory, tmp_path: Path) -> None:
@@ -133,11 +147,11 @@ def test_broker_paused(broker_factory: BrokerFactory, tmp_path: Path) -> None:
         broker.pause()
         timers.append(_later(6, broker.resume))
 
-    pid, stats = _send_with_faults(broker, tmp_path, {60_000: stall})
+    pid, stats, unconfirmed = _send_with_faults(broker, tmp_path, {60_000: stall})
     for t in timers:
         t.join()
     assert stats["spooled"] > 0
-    _check_all_delivered(broker, pid, stats)
+    _check_all_delivered(broker, pid, stats, unconfirmed)
 
 
 _CHILD = textwrap.dedent(
