@@ -324,7 +324,11 @@ class LogProducer:
 
         # -- requests from other threads to the pump --
         self._want_degrade: str | None = None
-        self._want_recover = False
+        # Each degrade starts a new epoch; the health thread asks for a recovery with the
+        # epoch its good probes were counted in, and a request from an older epoch (probes
+        # that ended after the recovery they asked for had begun) is ignored.
+        self._epoch = 0
+        self._want_recover: int | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._done = threading.Condition()
@@ -340,7 +344,7 @@ class LogProducer:
             # No outage has been seen, so no probes to wait for (an empty spool starts
             # ONLINE at once too): the pump starts replaying now; a failure degrades.
             self._state = State.DEGRADED
-            self._want_recover = True
+            self._want_recover = self._epoch
         else:
             # Nothing to replay: start ONLINE and let the first failure degrade.
             self._client = self._new_client()
@@ -819,8 +823,8 @@ class LogProducer:
             if self._outstanding() == 0:
                 self._last_idle = time.monotonic()
         elif state is State.DEGRADED:
-            if self._want_recover:
-                self._want_recover = False
+            if self._want_recover == self._epoch:
+                self._want_recover = None
                 self._start_recovery()
             else:
                 busy = self._spool_pending()
@@ -876,8 +880,12 @@ class LogProducer:
         """Take the client away: every record it holds comes back and goes to the spool."""
         with self._lock:
             self._direct = False
+            self._epoch += 1
             self._set_state(State.DEGRADED, reason)
         self._retire_client()
+        # The purge's own failure reports asked for a degrade: this one. Left pending, the
+        # request would end the next recovery at its first step.
+        self._want_degrade = None
         self._replay_inflight.clear()
         self._replay_cursor = 0  # unacknowledged replays are still in the spool: re-read
         self._replay_failed = False
@@ -1289,6 +1297,7 @@ class LogProducer:
         good = bad = 0
         backoff = 0.1
         next_probe = time.monotonic()
+        epoch = -1  # the degrade whose probes ``good`` counts
         while not self._stop.is_set():
             state = self._state
             now = time.monotonic()
@@ -1311,12 +1320,14 @@ class LogProducer:
                     next_probe = time.monotonic() + cfg.probe_interval_s
                 self._stop.wait(0.1)
             elif state is State.DEGRADED:
+                if self._epoch != epoch:  # a new outage: earlier good probes do not count
+                    epoch, good, backoff = self._epoch, 0, 0.1
                 if _client.probe(cfg.probe_config(), self._topic, cfg.probe_timeout_s):
                     good += 1
                     backoff = 0.1
                     if good >= cfg.recovery_probes:
                         good = 0
-                        self._want_recover = True
+                        self._want_recover = epoch
                         self._wake.set()
                     self._stop.wait(0.1)
                 else:

@@ -23,10 +23,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from logsdk import LogProducer
+from logsdk import LogProducer, State
 from logsdk.integrations.logging import KafkaHandler
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
@@ -154,10 +155,50 @@ def test_broker_paused(broker_factory: BrokerFactory, tmp_path: Path) -> None:
     _check_all_delivered(broker, pid, stats, unconfirmed)
 
 
+def test_each_outage_needs_its_own_good_probes(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """Good probes counted while a recovery was starting (a slow connect, as on a loaded
+    machine) do not start the next recovery: after a second broker kill the producer stays
+    DEGRADED until the broker answers again, then delivers everything."""
+    broker = broker_factory(durable=True)
+    topic = create_topic(broker.bootstrap_servers, "outages", 3)
+    p = LogProducer(broker.bootstrap_servers, topic, tmp_path, **FAST)
+    connect = p._connect
+
+    def slow_connect(client: Any) -> None:
+        time.sleep(1.5)  # the health thread goes on probing meanwhile (every 0.2 s)
+        connect(client)
+
+    p._connect = slow_connect  # type: ignore[method-assign]
+    try:
+        for outage in range(2):
+            broker.kill()
+            p.send(b"%d" % outage)
+            wait_until(lambda: p.state is State.DEGRADED, 30, "the outage noticed")
+            # Twice the slow connect, about 8 probe rounds: a recovery armed by the probes
+            # of the previous outage would have begun.
+            before = p.stats()["transitions"]
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                assert p.stats()["transitions"] == before, (
+                    f"outage {outage}: the producer left DEGRADED with the broker down"
+                )
+                time.sleep(0.05)
+            broker.restart()
+            wait_until(lambda: p.state is State.ONLINE, 60, "ONLINE again")
+        assert p.stats()["transitions"] == 6
+        assert p.flush(30) == 0
+    finally:
+        p.close()
+    rep = check_delivery(read_topic(broker.bootstrap_servers, topic, timeout=60))
+    assert rep.missing(p.producer_id, range(2)) == []
+
+
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from logsdk import LogProducer
+    from logsdk import LogProducer, State
     p = LogProducer(sys.argv[1], sys.argv[3], sys.argv[2], stall_timeout_s=1.0,
                     probe_interval_s=0.2, buffer_max_records=20_000)
     i = 0
@@ -211,7 +252,7 @@ def test_producer_sigkilled_while_spooling(kafka_broker: KafkaTarget, tmp_path: 
 _REPLAYER = textwrap.dedent(
     """
     import sys, time
-    from logsdk import LogProducer
+    from logsdk import LogProducer, State
     p = LogProducer(sys.argv[1], sys.argv[3], sys.argv[2], replay_batch=1000,
                     replay_max_rate=8000, probe_interval_s=0.2)
     while True:
