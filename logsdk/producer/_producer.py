@@ -314,6 +314,7 @@ class LogProducer:
         self._replay_refill = time.monotonic()
         self._spool_full = False
         self._alarm: str | None = None
+        self._alarm_op = ""  # which spool operation raised it: "write", "settle" or "read"
         self._disk_retry_at = 0.0
         self._last_ack = time.monotonic()
         self._last_idle = time.monotonic()
@@ -972,8 +973,10 @@ class LogProducer:
         try:
             rows = self._spool.read_replay(self._replay_cursor, min(room, cfg.replay_batch))
         except SpoolError as exc:
-            self._disk_alarm(exc)
+            self._disk_alarm(exc, "read")
             return False
+        if self._alarm is not None:
+            self._disk_ok("read")
         client = self._client
         produce = client.produce
         ack = self._replay_ack
@@ -997,11 +1000,16 @@ class LogProducer:
             except BufferError:
                 break
             except KafkaException as exc:
-                self._errors["produce_error"] += 1
                 if _client.is_record_exception(exc):
+                    # Counted and logged as a refusal reported on delivery is.
+                    with self._lock:
+                        self._n_rejected += 1
+                    self._errors["rejected"] += 1
+                    log.error("record seq=%d rejected by Kafka (%s); set aside", seq, exc)
                     self._reject_ids.append((rid, str(exc)))
                     cursor = rid
                     continue
+                self._errors["produce_error"] += 1
                 self._request_degrade(f"replay produce failed: {exc}")
                 break
             inflight[rid] = None
@@ -1069,8 +1077,9 @@ class LogProducer:
         try:
             return self._produce_rec(rec, cb)
         except KafkaException as exc:
-            self._errors["produce_error"] += 1
+            self._errors["rejected"] += 1
             self._n_rejected += 1
+            log.error("record seq=%d rejected by Kafka (%s); set aside in the spool", rec[5], exc)
             self._rejects.append((_row(rec), str(exc)))
             return True  # out of the backlog: kept in the spool's rejected table
 
@@ -1124,7 +1133,7 @@ class LogProducer:
                         # arrive, and a record counted as dropped must not.
                         dropped = self._spool.drop_oldest(need - room, self._replay_cursor)
                     except SpoolError as exc:
-                        self._disk_alarm(exc)
+                        self._disk_alarm(exc, "write")
                         return False
                     if dropped:
                         with self._lock:
@@ -1164,29 +1173,40 @@ class LogProducer:
         try:
             self._spool.append(rows, total)
         except SpoolError as exc:
-            self._disk_alarm(exc)
+            self._disk_alarm(exc, "write")
             return False
         self._n_spooled += len(rows)
         self._release_rows(rows)
         if self._alarm is not None:
-            log.warning("spool writable again: %s cleared", self._alarm)
-            self._alarm = None
+            self._disk_ok("write")
         return True
+
+    def _disk_ok(self, op: str) -> None:
+        """``op`` succeeded: clear the alarm if that kind of operation raised it."""
+        if op == self._alarm_op:
+            log.warning("spool usable again (%s): %s cleared", op, self._alarm)
+            self._alarm = None
 
     def _release_rows(self, rows: Sequence[Row]) -> None:
         if self._shm is not None:
             for r in rows:
                 self._shm.settle(r[5])
 
-    def _disk_alarm(self, exc: SpoolError) -> None:
+    def _disk_alarm(self, exc: SpoolError, op: str) -> None:
+        """The spool failed ``op``; the same kind of operation succeeding clears it."""
         if self._alarm is None:
             log.error("spool unusable, records kept in memory until it recovers: %s", exc)
         self._alarm = str(exc)
+        self._alarm_op = op
         self._errors["spool_io"] += 1
         self._disk_retry_at = time.monotonic() + 1.0
 
     def _settle_spool(self) -> None:
-        """Delete acknowledged replays and set rejected ones aside."""
+        """Delete acknowledged replays and set rejected ones aside; after a disk error,
+        retried once a second (``_disk_retry_at``); their success clears an alarm they raised."""
+        if self._alarm is not None and time.monotonic() < self._disk_retry_at:
+            return
+        wrote = False
         try:
             if self._rejects:
                 rejects, self._rejects = self._rejects, []
@@ -1195,6 +1215,7 @@ class LogProducer:
                 except SpoolError:
                     self._rejects = rejects + self._rejects  # kept in memory, retried
                     raise
+                wrote = True
                 self._release_rows([r for r, _ in rejects])
             if self._reject_ids:
                 pairs, self._reject_ids = self._reject_ids, []
@@ -1203,24 +1224,25 @@ class LogProducer:
                 except SpoolError:
                     self._reject_ids = pairs + self._reject_ids  # retried: still in the spool
                     raise
-            if (
-                self._acked_ids
-                and (self._alarm is None or time.monotonic() >= self._disk_retry_at)
-                and (
-                    len(self._acked_ids) - self._acked_kept >= self.config.replay_batch
-                    or not self._replay_inflight
-                    or self._state is not State.RECOVERING
-                )
+                wrote = True
+            if self._acked_ids and (
+                len(self._acked_ids) - self._acked_kept >= self.config.replay_batch
+                or not self._replay_inflight
+                or self._state is not State.RECOVERING
             ):
                 # One DELETE transaction per replay batch, not per pump step: a page
                 # of rows is then rewritten once, not once per step that freed some.
                 self._delete_acked()
+                wrote = True
             if self._spool_full and (self._spool.room() or 0) > 0:
                 self._spool_full = False
                 with self._lock:
                     self._space.notify_all()
         except SpoolError as exc:
-            self._disk_alarm(exc)
+            self._disk_alarm(exc, "settle")
+            return
+        if wrote and self._alarm is not None:
+            self._disk_ok("settle")
 
     def _delete_acked(self) -> None:
         """Delete the acknowledged replays from the spool (pump thread, from _settle_spool).

@@ -19,10 +19,12 @@ from logsdk.errors import (
     BufferFullError,
     RecordTooLargeError,
     SerializationError,
+    SpoolError,
     SpoolFullError,
     SpoolLockedError,
 )
 from logsdk.integrations.logging import KafkaHandler
+from logsdk.spool import Spool
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, wait_until
@@ -252,6 +254,62 @@ def test_full_disk_keeps_records_in_memory_then_spools(
             p.close()
     rep = check_delivery(read_topic(broker.bootstrap_servers, "disk"))
     assert rep.unique == 1500
+
+
+def test_replayed_record_kafka_refuses_is_set_aside_once_the_disk_works(
+    broker_factory: Callable[..., EmbeddedBroker],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A spooled record Kafka refuses on replay (too large for this producer's
+    ``message_max_bytes``) is moved to the rejected table; while the disk refuses that
+    move (an injected ENOSPC, three times) the alarm is up and the row stays in custody.
+    Then the move succeeds, the alarm clears, and the records around it are delivered."""
+    bootstrap, port = _dead_bootstrap()
+    big = b"x" * 50_000
+    with LogProducer(bootstrap, "refused", tmp_path, message_max_bytes=100_000, **FAST) as p:
+        for value in (b"first", big, b"last"):
+            p.send(value)
+    calls = {"failed": 0}
+    real = Spool.move_to_rejected
+
+    def full_disk(self: Spool, pairs: Any) -> None:
+        if calls["failed"] < 3:
+            calls["failed"] += 1
+            raise SpoolError("injected: [Errno 28] No space left on device")
+        real(self, pairs)
+
+    monkeypatch.setattr(Spool, "move_to_rejected", full_disk)
+    broker = broker_factory(port=port)
+    create_topic(broker.bootstrap_servers, "refused", 1, exist_ok=True)
+    p = LogProducer(bootstrap, "refused", tmp_path, message_max_bytes=10_000, **FAST)
+    try:
+        wait_until(lambda: p.stats()["alarm"] is not None, 30, "the disk alarm")
+        s = p.stats()
+        assert s["spool_records"] >= 1  # the refused row is still in custody
+        assert s["state"] == "RECOVERING"
+        wait_until(
+            lambda: (s := p.stats())["state"] == "ONLINE" and s["spool_records"] == 0,
+            30,
+            "the refused row set aside, the rest replayed",
+        )
+        s = p.stats()
+        assert calls["failed"] == 3
+        assert s["alarm"] is None
+        assert s["rejected"] == 1  # counted once, however many times the move was retried
+        assert s["errors"]["spool_io"] == 3
+        assert s["replayed"] == 2
+    finally:
+        p.close()
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    try:
+        rows = conn.execute("SELECT value, error FROM rejected").fetchall()
+    finally:
+        conn.close()
+    assert [v for v, _ in rows] == [big]
+    assert "too large" in rows[0][1].lower() or "size" in rows[0][1].lower()
+    got = [m.value() for m in read_topic(broker.bootstrap_servers, "refused")]
+    assert got == [b"first", b"last"]
 
 
 def test_spool_survives_as_plain_sqlite(tmp_path: Path) -> None:
