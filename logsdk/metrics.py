@@ -81,6 +81,9 @@ PRODUCER_METRICS: dict[str, MetricDoc] = {
         "gauge", "1 while the spool's disk cannot be used (full, I/O error)", "flag"
     ),
     "spool_corrupt_files": MetricDoc("counter", "corrupt spool files moved aside"),
+    "retired_clients": MetricDoc(
+        "gauge", "replaced librdkafka clients that still owe delivery reports"
+    ),
     "next_seq": MetricDoc("gauge", "the logsdk.seq the next record will get"),
     "degraded_s": MetricDoc("counter", "seconds spent DEGRADED (spooling) since the start"),
     "errors": MetricDoc(

@@ -506,7 +506,9 @@ class LogProducer:
           ``rejected``: bad records set aside (too large, invalid);
           ``buffered``: in memory, neither acknowledged nor spooled;
           ``spool_records``/``spool_bytes``: what the spool holds now;
-          ``alarm``: None, or why the disk cannot be used.
+          ``alarm``: None, or why the disk cannot be used;
+          ``retired_clients``: librdkafka clients replaced after a failure that have not
+          yet reported all their records (their records stay in custody meanwhile).
         """
         with self._lock:
             backlog = len(self._backlog) + self._in_transit + len(self._failed)
@@ -541,6 +543,7 @@ class LogProducer:
                 3,
             ),
             "alarm": self._alarm,
+            "retired_clients": len(self._zombies),
             "spool_corrupt_files": self._spool.corrupt_files_moved,
             "errors": dict(self._errors),
         }
@@ -808,9 +811,8 @@ class LogProducer:
         if client is not None:
             client.poll(0)
             self._polled()
-        for z, _since in list(self._zombies):
-            z.poll(0)
-            self._polled()
+        if self._zombies:
+            self._poll_retired()
         reason, self._want_degrade = self._want_degrade, None
         if reason is not None and self._state is not State.DEGRADED:
             self._degrade(reason)
@@ -912,6 +914,22 @@ class LogProducer:
             self._zombies.append((client, time.monotonic()))
         else:
             del client
+
+    def _poll_retired(self) -> None:
+        """Serve the reports of clients retired while they still owed some; a client that
+        owes none (librdkafka's out queue is empty) is dropped."""
+        keep = []
+        for z, since in self._zombies:
+            z.poll(0)
+            self._polled()
+            if len(z):
+                keep.append((z, since))
+            else:
+                log.warning(
+                    "retired client reported its last record %.1fs after its purge",
+                    time.monotonic() - since,
+                )
+        self._zombies = keep
 
     def _start_recovery(self) -> None:
         self._spool_pending()  # what is already failed goes first
@@ -1342,8 +1360,8 @@ class LogProducer:
                     next_probe = time.monotonic() + cfg.probe_interval_s
                 self._stop.wait(0.1)
             elif state is State.DEGRADED:
-                if self._epoch != epoch:  # a new outage: earlier good probes do not count
-                    epoch, good, backoff = self._epoch, 0, 0.1
+                if self._epoch != epoch:  # a new outage: earlier probes do not count
+                    epoch, good, bad, backoff = self._epoch, 0, 0, 0.1
                 if _client.probe(cfg.probe_config(), self._topic, cfg.probe_timeout_s):
                     good += 1
                     backoff = 0.1
