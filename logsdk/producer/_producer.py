@@ -447,6 +447,10 @@ class LogProducer:
                 self._n_sent += 1
             except BaseException:
                 if self._seq_next == seq + 1:
+                    if self._shm is not None:
+                        # A refused record's frame was settled by seq: flag it now, while
+                        # the seq still names that frame and not the next record's.
+                        self._shm.drain_settled()
                     self._seq_next = seq
                 raise
         wake = self._wake

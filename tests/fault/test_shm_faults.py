@@ -24,7 +24,7 @@ import posix_ipc
 import pytest
 
 from logsdk import LogProducer
-from logsdk.errors import BufferFullError
+from logsdk.errors import BufferFullError, RecordTooLargeError
 from logsdk.shm import inspect, list_segments, segment_name
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from tests.conftest import FAST, wait_until
@@ -196,6 +196,46 @@ def test_corrupt_bytes_in_the_segment_are_counted_skipped_rest_delivered(
         pid = p.producer_id
     rep = check_delivery(read_topic(pausable.bootstrap_servers, topic))
     assert rep.missing(pid, range(5000)) == [1000, 2500, 4000]
+
+
+def test_refused_record_never_frees_the_slot_of_the_next_one(
+    pausable: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """A record written to the ring and then refused (librdkafka's own size limit, lower
+    here than the SDK's) gives its seq back to the next record. Its settle must flag its
+    own frame, not that of the record now holding the seq: with the broker paused, both
+    accepted records stay pending in the ring, and both are delivered."""
+    topic = create_topic(pausable.bootstrap_servers, f"shm-refused-{uuid.uuid4().hex[:6]}", 1)
+    p = LogProducer(
+        pausable.bootstrap_servers,
+        topic,
+        tmp_path,
+        buffer="shm",
+        shm_bytes=64 * 1024,
+        kafka_config={"message.max.bytes": 5000},
+        stall_timeout_s=60,
+        probe_interval_s=60,
+        probe_timeout_s=0.2,
+    )
+    try:
+        pausable.pause()
+        try:
+            p.send(b"ok-0")
+            with pytest.raises(RecordTooLargeError):
+                p.send(b"x" * 8000)
+            p.send(b"ok-1")
+            s = p.stats()
+            assert s["next_seq"] == 2  # the refused record's seq went to ok-1
+            assert s["shm_records"] == 2  # neither accepted record flagged settled
+            assert s["rejected"] == 1
+        finally:
+            pausable.resume()
+        assert p.flush(30) == 0
+        assert p.stats()["shm_records"] == 0
+    finally:
+        p.close()
+    got = [m.value() for m in read_topic(pausable.bootstrap_servers, topic)]
+    assert got == [b"ok-0", b"ok-1"]
 
 
 def test_full_ring_policies_while_kafka_stalls(pausable: EmbeddedBroker, tmp_path: Path) -> None:
