@@ -57,6 +57,7 @@ log = logging.getLogger("logsdk.producer")
 HEADER_PRODUCER = "logsdk.producer"
 HEADER_SEQ = "logsdk.seq"
 _SEQ_BLOCK = 1 << 20  # sequence numbers reserved on disk at a time
+_TS_LIMIT = 1 << 63  # Kafka timestamps are int64 milliseconds
 _PURGE_WAIT_S = 30.0  # how long a purge may take to hand records back
 _SPOOL_BATCH = 5_000  # records per spool transaction
 #: A delivery report without an error but without an offset either. librdkafka reports a
@@ -308,6 +309,7 @@ class LogProducer:
         self._replay_inflight: dict[int, None] = {}
         self._acked_ids: list[int] = []  # acknowledged replays not yet deleted
         self._acked_kept = 0  # of those, how many a watermark delete had to keep
+        self._acked_seen = 0  # len(_acked_ids) at the last step: more since is progress
         self._replay_failed = False  # a replay was reported failed since the cursor reset
         self._reject_ids: list[tuple[int, str]] = []
         self._replay_tokens = 0.0
@@ -382,7 +384,7 @@ class LogProducer:
             topic = self._topic
         elif not isinstance(topic, str) or not topic:
             raise ConfigError(f"topic must be a non-empty str, got {topic!r}")
-        if timestamp is not None and (not isinstance(timestamp, int) or timestamp < 0):
+        if timestamp is not None and (type(timestamp) is not int or not 0 <= timestamp < _TS_LIMIT):
             raise ConfigError(f"timestamp must be milliseconds since the epoch, got {timestamp!r}")
         size = (0 if v is None else len(v)) + (0 if k is None else len(k))
         if size > self._max_bytes:
@@ -846,7 +848,8 @@ class LogProducer:
         """Records neither acknowledged nor committed to the spool (nor dropped/rejected)."""
         with self._lock:
             backlog = len(self._backlog) + self._in_transit + len(self._failed)
-        return backlog + max(0, self._outstanding())
+        # Records Kafka refused wait in _rejects until the rejected table holds them.
+        return backlog + len(self._rejects) + max(0, self._outstanding())
 
     def _new_client(self) -> Producer:
         return _client.new_producer(self.config.librdkafka(), self._on_error)
@@ -906,14 +909,18 @@ class LogProducer:
         except KafkaException as exc:  # a fatal client may refuse; its reports still come
             log.warning("purge failed: %s", exc)
         deadline = time.monotonic() + _PURGE_WAIT_S
-        while (self._outstanding() > 0 or self._replay_inflight) and time.monotonic() < deadline:
+        # len(client): its records not yet reported, and reports not yet served. Only this
+        # client's: one retired earlier (still owing reports) is polled, not waited for.
+        while len(client) > 0 and time.monotonic() < deadline:
             client.poll(0.05)
             self._polled()
-        if self._outstanding() > 0 or self._replay_inflight:
+            if self._zombies:
+                self._poll_retired()
+        if len(client) > 0:
             # Never drop a client that still owes delivery reports: its records would be lost.
             log.error(
                 "client still holds %d record(s) after purge; keeping it until it reports",
-                self._outstanding(),
+                len(client),
             )
             self._zombies.append((client, time.monotonic()))
         else:
@@ -1115,11 +1122,18 @@ class LogProducer:
                 batch, self._failed = self._failed, []
                 self._in_transit = len(batch)
             try:
-                if not self._commit(batch, from_backlog=False):
-                    self._failed = batch + self._failed
-                    return False
+                ok = self._commit(batch, from_backlog=False)
+            except BaseException:  # a bug: keep the records, let the pump report it
+                ok = False
+                raise
             finally:
+                if not ok:
+                    self._failed = batch + self._failed
                 self._in_transit = 0
+            if not ok or self._failed:
+                # Not written, or the spool took only part of them: nothing newer may go
+                # in before the rest (a smaller backlog record could fit the room left).
+                return False
         with self._lock:
             n = min(len(self._backlog), _SPOOL_BATCH if limit is None else limit)
             batch = [self._backlog.popleft() for _ in range(n)]
@@ -1128,18 +1142,26 @@ class LogProducer:
         if not batch:
             return False
         try:
-            if not self._commit(batch, from_backlog=True):
+            ok = self._commit(batch, from_backlog=True)
+        except BaseException:
+            ok = False
+            raise
+        finally:
+            if not ok:
                 with self._lock:
                     self._backlog.extendleft(reversed(batch))
-                return False
-        finally:
             self._in_transit = 0
+        if not ok:
+            return False
         with self._lock:
             self._space.notify_all()
             return bool(self._backlog)
 
     def _commit(self, recs: list[Rec], from_backlog: bool) -> bool:
-        """Write records to the spool under the cap policy. False: not written, keep them."""
+        """Write records to the spool under the cap policy. False: not written, keep them.
+        True: written, except a tail the full spool had no room for (``block``/``raise``),
+        which goes back where ``recs`` came from once the rest is committed."""
+        rest: list[Rec] = []
         # A record without user headers is already its row (headers None): no copy.
         rows: list[Row] = [r if r[3] is None else _row(r) for r in recs]  # type: ignore[misc]
         total = rows_bytes(rows)
@@ -1181,13 +1203,8 @@ class LogProducer:
                         self._spool_full = True
                         if fit == 0:
                             return False
-                        head = recs[fit:]
+                        rest = recs[fit:]
                         rows, total = rows[:fit], used
-                        if from_backlog:
-                            with self._lock:
-                                self._backlog.extendleft(reversed(head))
-                        else:
-                            self._failed = head + self._failed
                 else:
                     self._spool_full = False
             else:
@@ -1199,6 +1216,12 @@ class LogProducer:
             return False
         self._n_spooled += len(rows)
         self._release_rows(rows)
+        if rest:
+            if from_backlog:
+                with self._lock:
+                    self._backlog.extendleft(reversed(rest))
+            else:
+                self._failed = rest + self._failed
         if self._alarm is not None:
             self._disk_ok("write")
         return True
@@ -1226,17 +1249,22 @@ class LogProducer:
     def _settle_spool(self) -> None:
         """Delete acknowledged replays and set rejected ones aside; after a disk error,
         retried once a second (``_disk_retry_at``); their success clears an alarm they raised."""
+        n = len(self._acked_ids)
+        if n > self._acked_seen:
+            # Replays acknowledged since the last step: the stall detector sees progress
+            # (their rows are deleted once per replay batch, which may take longer).
+            self._acked_seen = n
+            self._last_ack = time.monotonic()
         if self._alarm is not None and time.monotonic() < self._disk_retry_at:
             return
         wrote = False
         try:
             if self._rejects:
-                rejects, self._rejects = self._rejects, []
-                try:
-                    self._spool.reject(rejects)
-                except SpoolError:
-                    self._rejects = rejects + self._rejects  # kept in memory, retried
-                    raise
+                # Left in _rejects until committed (flush() counts them): on an error
+                # they stay there and are retried.
+                rejects = self._rejects[:]
+                self._spool.reject(rejects)
+                del self._rejects[: len(rejects)]
                 wrote = True
                 self._release_rows([r for r, _ in rejects])
             if self._reject_ids:
@@ -1297,10 +1325,11 @@ class LogProducer:
                 self._spool.delete(ids)
         except SpoolError:
             self._acked_ids = ids + self._acked_ids  # still in the spool: delete them later
-            self._acked_kept = len(self._acked_ids)
+            self._acked_kept = self._acked_seen = len(self._acked_ids)
             raise
         self._acked_ids = keep + self._acked_ids
         self._acked_kept = len(keep)
+        self._acked_seen = len(self._acked_ids)
         self._n_replayed += len(ids) - len(keep)
         self._last_ack = time.monotonic()
 
@@ -1312,6 +1341,7 @@ class LogProducer:
         for z, _ in self._zombies:
             z.flush(5)
             self._polled()
+        self._disk_retry_at = 0.0  # last chance: try the disk now, whatever the alarm
         self._settle_spool()
         while self._failed or self._backlog:
             before = len(self._failed) + len(self._backlog)
@@ -1319,7 +1349,7 @@ class LogProducer:
             self._spool_pending()
             if len(self._failed) + len(self._backlog) >= before:
                 break
-        lost = len(self._failed) + len(self._backlog)
+        lost = len(self._failed) + len(self._backlog) + len(self._rejects)
         if lost:
             log.error(
                 "close(): %d record(s) could not be written to the spool (%s) and are lost",

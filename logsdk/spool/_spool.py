@@ -540,6 +540,10 @@ class Spool:
             if recount:
                 self._recount()
             raise SpoolError(f"spool {what} failed: {exc}") from exc
+        except BaseException:  # not SQLite's (a bad parameter, an interrupt): still undone
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
 
     def append(self, rows: Sequence[Row], total_bytes: int | None = None) -> None:
         """Commit ``rows`` in one transaction; on error nothing is committed.

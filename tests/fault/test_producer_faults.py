@@ -241,6 +241,52 @@ def test_client_retired_while_owing_reports_loses_nothing(
     # sent later (README, "Failure modes").
 
 
+def test_slow_replay_acknowledgements_are_not_a_stall(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """A replay whose acknowledgements come slowly but steadily (one record per request,
+    one request in flight) is progress, not a stall: no degrade, however long it takes
+    to reach a replay batch's worth of acknowledgements."""
+    port = free_port()
+    n = 20_000
+    with LogProducer(f"127.0.0.1:{port}", "slow-acks", tmp_path, **FAST) as p:
+        for i in range(n):
+            p.send(b"%d" % i)
+    broker = broker_factory(port=port)
+    create_topic(broker.bootstrap_servers, "slow-acks", 1, exist_ok=True)
+    slow = {
+        **FAST,
+        "stall_timeout_s": 0.5,
+        "replay_batch": 5000,
+        "kafka_config": {
+            **FAST["kafka_config"],
+            "batch.num.messages": 1,
+            "max.in.flight.requests.per.connection": 1,
+            "linger.ms": 0,
+        },
+    }
+    t0 = time.monotonic()
+    p = LogProducer(broker.bootstrap_servers, "slow-acks", tmp_path, **slow)
+    try:
+        assert p.stats()["recovered_at_start"] == n
+        wait_until(
+            lambda: (s := p.stats())["state"] == "ONLINE" and s["spool_records"] == 0,
+            120,
+            "the spool replayed",
+        )
+        took = time.monotonic() - t0
+        stats = p.stats()
+    finally:
+        p.close()
+    # Longer than the stall timeout, or the test proved nothing.
+    assert took > 4 * slow["stall_timeout_s"], f"the replay took only {took:.2f}s"
+    assert stats["transitions"] == 2, stats["transitions"]  # RECOVERING, then ONLINE
+    assert stats["replayed"] == n
+    rep = check_delivery(read_topic(broker.bootstrap_servers, "slow-acks", timeout=60))
+    assert rep.missing(p.producer_id, range(n)) == []
+    assert rep.order_violations == 0
+
+
 _CHILD = textwrap.dedent(
     """
     import sys, time

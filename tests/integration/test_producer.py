@@ -17,6 +17,7 @@ import pytest
 from logsdk import LogProducer
 from logsdk.errors import (
     BufferFullError,
+    ConfigError,
     RecordTooLargeError,
     SerializationError,
     SpoolError,
@@ -76,6 +77,11 @@ def test_unserialisable_value_raises_before_acceptance(
                 p.send(bad)  # type: ignore[arg-type]
         with pytest.raises(SerializationError, match="reserved"):
             p.send("x", headers={"logsdk.seq": b"1"})
+        # Kafka timestamps are int64 milliseconds: anything else is refused at send(),
+        # not later by the spool or librdkafka, where it would stop the pump.
+        for ts in (-1, 1 << 63, True, 1.5, "0"):
+            with pytest.raises(ConfigError, match="timestamp"):
+                p.send("x", timestamp=ts)  # type: ignore[arg-type]
         assert p.stats()["sent"] == 0
 
 
