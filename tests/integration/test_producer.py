@@ -318,6 +318,54 @@ def test_replayed_record_kafka_refuses_is_set_aside_once_the_disk_works(
     assert got == [b"first", b"last"]
 
 
+def test_partial_commit_to_a_full_spool_keeps_order_and_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records handed back by librdkafka, more than a capped spool can take, with the
+    first append failing (an injected ENOSPC): no record is held twice (sent == spooled +
+    buffered; before the fix the part that did not fit was put back twice: 18 + 84 for
+    60), and the spool holds a prefix of them in send order. Records sent meanwhile are
+    refused while the spool is full (``block``), so the backlog stays behind them."""
+    bootstrap, _ = _dead_bootstrap()
+    real = Spool.append
+    calls = {"n": 0}
+
+    def first_fails(self: Spool, rows: Any, total_bytes: int | None = None) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise SpoolError("injected: [Errno 28] No space left on device")
+        real(self, rows, total_bytes)
+
+    monkeypatch.setattr(Spool, "append", first_fails)
+    p = LogProducer(bootstrap, "partial", tmp_path, spool_max_bytes=20_000, max_block_s=0.2, **FAST)
+    try:
+        for i in range(60):  # ONLINE: into librdkafka, handed back by the degrade
+            p.send(b"%04d" % i + b"x" * 996)
+        wait_until(lambda: p.stats()["alarm"] is not None, 30, "the injected disk error")
+        tiny = 0
+        for _ in range(20):  # DEGRADED: into the backlog behind the 60, or refused
+            with contextlib.suppress(BufferFullError):  # when_full="block": spool full
+                p.send(b"tiny")
+                tiny += 1
+        wait_until(
+            lambda: (s := p.stats())["alarm"] is None and s["spool_records"] > 0,
+            30,
+            "the retried append",
+        )
+        s = p.stats()
+        assert s["sent"] == 60 + tiny
+        assert s["spooled"] + s["buffered"] == 60 + tiny, s
+        conn = sqlite3.connect(tmp_path / "spool.db")
+        try:
+            seqs = [r[0] for r in conn.execute("SELECT seq FROM records ORDER BY id")]
+        finally:
+            conn.close()
+        assert seqs == list(range(len(seqs))), seqs
+        assert 0 < len(seqs) < 60
+    finally:
+        p.close(timeout=0)
+
+
 def test_spool_survives_as_plain_sqlite(tmp_path: Path) -> None:
     """The spool is an ordinary SQLite file an operator can inspect."""
     bootstrap, _ = _dead_bootstrap()
