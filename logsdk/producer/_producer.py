@@ -422,6 +422,9 @@ class LogProducer:
                     hdrs: KHeaders = [self._pid_header, (HEADER_SEQ, b"%d" % seq)]
                     if h:
                         hdrs = [*h, *hdrs]
+                    # Counted first: the pump may serve its ack before produce() returns
+                    # here, and flush() must never see one record less outstanding.
+                    self._n_produced += 1
                     try:
                         self._client.produce(  # type: ignore[union-attr]
                             topic,
@@ -432,9 +435,9 @@ class LogProducer:
                             on_delivery=rec,  # type: ignore[arg-type]  # mypy: a tuple's __call__
                         )
                     except (BufferError, KafkaException) as exc:
+                        self._n_produced -= 1
                         self._direct_refused(rec, exc)
                     else:
-                        self._n_produced += 1
                         self._n_sent += 1
                         return
                 backlog = self._backlog
