@@ -320,7 +320,7 @@ class LogConsumer:
         if self._pool is not None:
             self._pool.join(max(0.0, deadline - time.monotonic()))
         if self._runner is not None:
-            self._runner.close()
+            self._runner.close(max(0.0, deadline - time.monotonic()))
         if self._dlt is not None:
             self._dlt.close(max(0.1, deadline - time.monotonic()))
         with self._lock:

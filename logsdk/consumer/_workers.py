@@ -348,9 +348,29 @@ class Runner:
             handler.rollback(exc)
             raise
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, timeout: float = 30.0) -> None:
+        """Shut the process pool down: queued calls are cancelled, running ones get up to
+        ``timeout`` seconds, then their processes are killed (their records were not
+        completed, so they are redelivered; an exactly-once handler's transaction in a
+        killed process never commits)."""
+        pool = self._pool
+        if pool is None:
+            return
+        # The worker processes, before shutdown() drops its reference to them.
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        hung = [proc for proc in procs if proc.is_alive()]
+        for proc in hung:
+            proc.kill()
+        for proc in hung:
+            proc.join(5.0)
+        if hung:
+            log.warning(
+                "%d handler process(es) still running after %.1fs: killed", len(hung), timeout
+            )
 
 
 class WorkerPool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import random
 import sqlite3
 import threading
@@ -326,6 +327,47 @@ def test_process_executor_exactly_once(
             assert c.stats()["processed"] == n
         rows = _sink_rows(db)
     assert sorted(rows) == sorted({(i % 2, i // 2) for i in range(n)})
+
+
+class _Hang:
+    """A handler that never returns (a hung sink); it marks a file once it is running."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def process(self, records: Sequence[Record]) -> None:
+        Path(self.marker).write_text("running")
+        time.sleep(600)
+
+
+def test_stop_kills_a_hung_process_handler_within_its_timeout(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """executor='process' with a handler call that never returns: stop(timeout) returns
+    about then, and no handler process is left running."""
+    topic = fresh_topic(1)
+    produce(kafka_broker.client_config("producer"), topic, 10, partitions=1)
+    marker = tmp_path / "running"
+    c = LogConsumer(
+        group_id=f"hang-{topic}",
+        topics=[topic],
+        handler=_Hang(str(marker)),
+        executor="process",
+        workers=1,
+        kafka_config=kafka_broker.client_config("consumer"),
+    )
+    c.start()
+    try:
+        wait_until(marker.exists, 90, "the handler running in its process", step=0.1)
+        children = multiprocessing.active_children()
+        assert children
+    finally:
+        t0 = time.monotonic()
+        c.stop(timeout=3)
+        took = time.monotonic() - t0
+    assert took < 10, f"stop(timeout=3) took {took:.1f}s"
+    assert not any(p.is_alive() for p in children)
+    assert c.stats()["processed"] == 0
 
 
 def test_error_events_among_records_are_skipped(
