@@ -175,6 +175,13 @@ class LogConsumer:
                     f"{type(handler).__name__} lacks {', '.join(missing)} "
                     "(logsdk.sinks.SQLiteSink is one)"
                 )
+        elif all(callable(getattr(handler, m, None)) for m in ("commit", "rollback")):
+            # At-least-once calls process() only: a transactional handler would never be
+            # told to commit what it staged, while Kafka offsets move past it.
+            raise ConfigError(
+                f"{type(handler).__name__} is a TransactionalHandler (commit, rollback): "
+                "pass semantics='exactly_once', or it never commits what process() stages"
+            )
         self._config = config
         self._handler: Handler = handler  # type: ignore[assignment]
         self._topics = list(topics)

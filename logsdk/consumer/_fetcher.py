@@ -191,9 +191,7 @@ class Fetcher:
     # -- offsets ----------------------------------------------------------------------------
 
     def _commit(self, force: bool, only: set[TopicPartition] | None = None) -> None:
-        points = self._offsets.commit_points(force)
-        if only is not None:
-            points = {tp: p for tp, p in points.items() if tp in only}
+        points = self._offsets.commit_points(force, only)
         if not points:
             return
         payload: dict[TopicPartition, tuple[int, str | None]] = {}
@@ -208,6 +206,7 @@ class Fetcher:
             self._client.commit(payload, asynchronous=False)
         except ConsumerError as exc:
             self._counters.add("commit_errors")
+            self._offsets.mark_dirty(payload)
             log.warning("offset commit failed (retried at the next interval): %s", exc)
             return
         self._counters.add("commits")

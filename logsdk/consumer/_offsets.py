@@ -450,18 +450,31 @@ class OffsetMap:
             done.extend(part.skip.above(low))
         return CommitPoint(low, merge_ranges(done))
 
-    def commit_points(self, force: bool = False) -> dict[TopicPartition, CommitPoint]:
-        """Commit points of owned partitions that moved since the last commit (all if force)."""
+    def commit_points(
+        self, force: bool = False, only: set[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommitPoint]:
+        """Commit points of owned partitions that moved since the last commit (all if force),
+        of ``only`` these when given (the others stay marked as moved)."""
         out = {}
         with self._lock:
             for tp, part in self._parts.items():
                 if part.blocked or not (force or part.dirty):
+                    continue
+                if only is not None and tp not in only:
                     continue
                 point = self._point(part)
                 if point is not None and (force or point.offset != part.committed or point.ranges):
                     out[tp] = point
                 part.dirty = False
         return out
+
+    def mark_dirty(self, tps: Iterable[TopicPartition]) -> None:
+        """A commit of these partitions failed: the next interval commits them again."""
+        with self._lock:
+            for tp in tps:
+                part = self._parts.get(tp)
+                if part is not None:
+                    part.dirty = True
 
     def point(self, tp: TopicPartition) -> CommitPoint | None:
         with self._lock:

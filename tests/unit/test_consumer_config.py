@@ -19,6 +19,19 @@ class Noop:
         pass
 
 
+class Staging(Noop):
+    """A transactional handler: process() only stages, commit() makes it durable."""
+
+    def commit(self, offsets: dict[Any, int]) -> None:
+        pass
+
+    def rollback(self, error: BaseException) -> None:
+        pass
+
+    def stored_offsets(self, partitions: list[Any]) -> dict[Any, int]:
+        return {}
+
+
 BASE: dict[str, Any] = {
     "bootstrap_servers": "127.0.0.1:1",
     "group_id": "g",
@@ -52,6 +65,8 @@ def test_public_names() -> None:
         ({"commit_interval": 0}, "commit_interval"),
         ({"dead_letter_topic": "t"}, "dead_letter_topic"),
         ({"semantics": "exactly_once"}, "TransactionalHandler"),
+        # at-least-once never calls commit(): what process() staged would never be written
+        ({"handler": Staging()}, "semantics='exactly_once'"),
         ({"kafka_config": {"enable.auto.commit": True}}, "managed by LogConsumer"),
     ],
 )

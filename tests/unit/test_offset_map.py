@@ -163,3 +163,35 @@ def test_record_batch_converts_once_and_only_when_read() -> None:
     assert converted == [3]
     plain = RecordBatch([Record("t", 0, 1, None, None)])
     assert plain[0].offset == 1
+
+
+def test_a_failed_commit_is_retried_at_the_next_interval() -> None:
+    """commit_points() takes the moved partitions; after a failed commit mark_dirty()
+    gives them back, so the next (unforced) round commits them again."""
+    om = OffsetMap()
+    other = ("t", 1)
+    om.assign(TP, start=0)
+    om.assign(other, start=0)
+    om.complete(chunk(om, [0, 1]), 2)
+    first = om.commit_points()
+    assert first[TP].offset == 2
+    assert om.commit_points() == {}  # nothing moved since
+    om.mark_dirty(first)  # the commit failed
+    assert om.commit_points()[TP].offset == 2
+
+
+def test_commit_points_of_some_partitions_leave_the_others_pending() -> None:
+    """A commit restricted to some partitions (a revoke) leaves the others to the next."""
+    om = OffsetMap()
+    other = ("t", 1)
+    om.assign(TP, start=0)
+    om.assign(other, start=0)
+    om.complete(chunk(om, [0, 1]), 2)
+    records = [Record("t", 1, o, None, b"v") for o in (0, 1, 2)]
+    epoch, kept = om.admit(other, records)
+    assert epoch is not None
+    c = Chunk(other, epoch, kept, 1)
+    assert om.register(c)
+    om.complete(c, 3)
+    assert set(om.commit_points(only={other})) == {other}
+    assert om.commit_points()[TP].offset == 2
