@@ -120,6 +120,7 @@ CONSUMER_METRICS: dict[str, MetricDoc] = {
     "queue_depth": MetricDoc("gauge", "records queued for the workers now"),
     "queue_bytes": MetricDoc("gauge", "bytes queued for the workers now"),
     "max_queue_depth": MetricDoc("gauge", "highest queue depth seen"),
+    "max_queue_bytes": MetricDoc("gauge", "most record bytes queued at once"),
     "paused_partitions": MetricDoc("gauge", "partitions paused now", "len"),
     "assigned": MetricDoc("gauge", "partitions assigned now", "len"),
     "committed": MetricDoc("gauge", "last committed offset by partition", "by", "partition"),

@@ -419,6 +419,7 @@ class LogConsumer:
             "queue_depth": 0,
             "queue_bytes": 0,
             "max_queue_depth": 0,
+            "max_queue_bytes": 0,
             "paused_partitions": [],
             "assigned": [],
             "committed": {},
@@ -432,6 +433,7 @@ class LogConsumer:
             out["queue_depth"] = d.held
             out["queue_bytes"] = d.held_bytes
             out["max_queue_depth"] = d.max_held
+            out["max_queue_bytes"] = d.max_held_bytes
         if o is not None:
             out["discarded"] = c.get("discarded", 0) + o.discarded
         if f is not None and o is not None:

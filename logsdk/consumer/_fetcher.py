@@ -74,6 +74,7 @@ class Fetcher:
         self._low = settings.queue_size // 2
         self._bytes_high = settings.queue_bytes - settings.queue_bytes // 10
         self._bytes_low = settings.queue_bytes // 2
+        self._avg_bytes = 0.0  # bytes per record polled (moving average; 0: none yet)
         self._client = client_factory(self)
         self._thread = threading.Thread(target=self._run, name="logsdk-fetch", daemon=True)
 
@@ -115,7 +116,13 @@ class Fetcher:
             while not self._stop.is_set():
                 self._apply_rewinds()
                 if self._backpressure():
-                    room = self._s.queue_size - self._d.held
+                    d = self._d
+                    room = self._s.queue_size - d.held
+                    # Sized by the byte room too, at the average record size seen so far
+                    # (one record until there is one): a poll of large records could
+                    # otherwise pass the byte bound.
+                    avg = self._avg_bytes
+                    room = min(room, int((self._s.queue_bytes - d.held_bytes) / avg) if avg else 1)
                     n = 1 if self.paused else max(1, min(self._s.fetch_batch, room))
                     runs = self._client.poll(n, 0.1)
                     if runs:
@@ -164,12 +171,13 @@ class Fetcher:
 
     def _ingest(self, runs: list[Run]) -> None:
         """Admit each polled run into the offset map and queue it as one chunk."""
-        fetched = skipped = 0
+        fetched = skipped = nbytes = 0
         chunks = []
         admit, register = self._offsets.admit_run, self._offsets.register
         for run in runs:
             n = len(run.msgs)
             fetched += n
+            nbytes += run.nbytes
             epoch, keep = admit(run.tp, run.first, run.last, run.offsets)
             if epoch is None:
                 skipped += n
@@ -183,6 +191,9 @@ class Fetcher:
             if register(chunk):
                 chunks.append(chunk)
         self._counters.add("fetched", fetched)
+        if fetched:
+            avg = max(1.0, nbytes / fetched)
+            self._avg_bytes = 0.8 * self._avg_bytes + 0.2 * avg if self._avg_bytes else avg
         if skipped:
             self._counters.add("skipped", skipped)
         if chunks:

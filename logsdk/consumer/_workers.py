@@ -95,6 +95,7 @@ class Dispatcher:
         self.held = 0
         self.held_bytes = 0
         self.max_held = 0
+        self.max_held_bytes = 0
         self.closed = False
 
     def put(self, chunks: Sequence[Chunk]) -> None:
@@ -109,6 +110,7 @@ class Dispatcher:
                 self.held += chunk.count
                 self.held_bytes += chunk.nbytes
             self.max_held = max(self.max_held, self.held)
+            self.max_held_bytes = max(self.max_held_bytes, self.held_bytes)
             self._cond.notify(len(chunks))
 
     def _append(self, lane: Hashable, item: Any) -> None:

@@ -101,6 +101,34 @@ def test_backpressure_bounds_queue_and_memory(
     assert growth < 24 * 1024 * 1024, f"peak RSS grew by {growth / 2**20:.1f} MiB"
 
 
+def test_byte_bound_holds_with_large_records(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """64 KiB records, a 2 MiB byte bound far below the record bound, a slow handler:
+    the queue never holds more than the byte bound plus one record."""
+    topic = fresh_topic(1)
+    n, value_bytes, queue_bytes = 300, 64 * 1024, 2 * 1024 * 1024
+    produce(kafka_broker.client_config("producer"), topic, n, partitions=1, value_bytes=value_bytes)
+    handler = Collect(delay=0.005)
+    c = LogConsumer(
+        group_id=f"bytes-{topic}",
+        topics=[topic],
+        handler=handler,
+        workers=1,
+        queue_size=10_000,
+        queue_bytes=queue_bytes,
+        max_batch=4,
+        kafka_config=kafka_broker.client_config("consumer"),
+    )
+    with c:
+        wait_until(lambda: handler.count() >= n, 60, "every record handled", step=0.05)
+        stats = c.stats()
+    assert len(set(handler.seen)) == n
+    record = value_bytes + 8  # the value plus its "seq:" prefix
+    assert stats["max_queue_bytes"] > queue_bytes // 2  # the bound was reached, not idle
+    assert stats["max_queue_bytes"] <= queue_bytes + record, stats["max_queue_bytes"]
+
+
 def test_key_ordering_across_8_workers(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
