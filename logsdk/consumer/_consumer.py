@@ -202,6 +202,7 @@ class LogConsumer:
             rebalance_timeout=float(rebalance_timeout),
             exactly_once=exactly_once,
             metadata_max_bytes=DEFAULT_METADATA_MAX_BYTES,
+            max_batch=max_batch,
         )
         self._max_batch = max_batch
         self._counters = Counters()

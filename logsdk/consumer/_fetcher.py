@@ -38,6 +38,8 @@ class FetchSettings:
     metadata_max_bytes: int
     #: How long the queue may stay full (no fetching) before partitions are paused.
     pause_after: float = 0.5
+    #: The most records a handler call gets: a longer run is queued as several chunks.
+    max_batch: int = 1 << 30
 
 
 class Fetcher:
@@ -174,6 +176,19 @@ class Fetcher:
         fetched = skipped = nbytes = 0
         chunks = []
         admit, register = self._offsets.admit_run, self._offsets.register
+        limit = self._s.max_batch
+        if any(len(run.msgs) > limit for run in runs):
+            runs = [
+                piece
+                for run in runs
+                for piece in (
+                    [run]
+                    if len(run.msgs) <= limit
+                    else [
+                        Run(run.tp, run.msgs[i : i + limit]) for i in range(0, len(run.msgs), limit)
+                    ]
+                )
+            ]
         for run in runs:
             n = len(run.msgs)
             fetched += n

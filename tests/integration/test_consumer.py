@@ -31,12 +31,14 @@ class Collect:
         self.slow = slow
         self.lock = threading.Lock()
         self.seen: list[tuple[int, int]] = []
+        self.sizes: list[int] = []  # records per call
 
     def process(self, records: Sequence[Record]) -> None:
         if self.delay:
             time.sleep(self.delay * len(records) * (1 if self.count() < self.slow else 0.05))
         with self.lock:
             self.seen.extend((r.partition, r.offset) for r in records)
+            self.sizes.append(len(records))
 
     def count(self) -> int:
         with self.lock:
@@ -127,6 +129,33 @@ def test_byte_bound_holds_with_large_records(
     record = value_bytes + 8  # the value plus its "seq:" prefix
     assert stats["max_queue_bytes"] > queue_bytes // 2  # the bound was reached, not idle
     assert stats["max_queue_bytes"] <= queue_bytes + record, stats["max_queue_bytes"]
+
+
+@pytest.mark.parametrize("ordering", ["partition", "none"])
+def test_no_handler_call_gets_more_than_max_batch(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], ordering: str
+) -> None:
+    """One partition polled 1000 records at a time, max_batch=7: every call gets at most 7
+    records (a poll's run is queued as several chunks), and all arrive once, in order."""
+    topic = fresh_topic(1)
+    n = 3000
+    produce(kafka_broker.client_config("producer"), topic, n, partitions=1)
+    handler = Collect()
+    c = LogConsumer(
+        group_id=f"maxb-{topic}",
+        topics=[topic],
+        handler=handler,
+        workers=2,
+        ordering=ordering,  # type: ignore[arg-type]
+        max_batch=7,
+        kafka_config=kafka_broker.client_config("consumer"),
+    )
+    with c:
+        wait_until(lambda: handler.count() >= n, 60, "every record handled", step=0.05)
+    assert max(handler.sizes) <= 7
+    assert sorted(handler.seen) == [(0, o) for o in range(n)]
+    if ordering == "partition":
+        assert handler.seen == sorted(handler.seen)
 
 
 def test_key_ordering_across_8_workers(
