@@ -274,10 +274,13 @@ class SQLiteSink:
                     "DO UPDATE SET next_offset = excluded.next_offset",
                     (topic, partition, next_offset),
                 )
+            dropped = 0
             if self.dedupe:
-                rows = self._dedupe(conn, rows)
+                kept = self._dedupe(conn, rows)
+                dropped, rows = len(rows) - len(kept), kept
             self._insert_rows(conn, rows)
             conn.execute("COMMIT")
+            self.deduplicated += dropped  # counted once committed, not when rolled back
         except FencedError:
             self._rollback(conn)
             raise
@@ -308,7 +311,6 @@ class SQLiteSink:
                     (producer, seq),
                 )
                 if cur.rowcount == 0:
-                    self.deduplicated += 1
                     continue
             kept.append(row)
         return kept
