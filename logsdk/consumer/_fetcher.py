@@ -120,11 +120,14 @@ class Fetcher:
                 if self._backpressure():
                     d = self._d
                     room = self._s.queue_size - d.held
-                    # Sized by the byte room too, at the average record size seen so far
-                    # (one record until there is one): a poll of large records could
-                    # otherwise pass the byte bound.
+                    # Sized by the byte room too, at the average record size seen so far:
+                    # a poll of large records could otherwise pass the byte bound. Before
+                    # the first record there is no average, and no need: the queue is empty
+                    # and one poll returns at most librdkafka's prefetch, which LogConsumer
+                    # sizes within the bound (queued.max.messages.kbytes, fetch.max.bytes).
                     avg = self._avg_bytes
-                    room = min(room, int((self._s.queue_bytes - d.held_bytes) / avg) if avg else 1)
+                    if avg:
+                        room = min(room, int((self._s.queue_bytes - d.held_bytes) / avg))
                     n = 1 if self.paused else max(1, min(self._s.fetch_batch, room))
                     runs = self._client.poll(n, 0.1)
                     if runs:
