@@ -53,10 +53,19 @@ class JsonSender:
         #: Records that could not be serialised or sent (never raised into the app).
         self.dropped = 0
         self._busy = threading.local()
+        self._count_lock = threading.Lock()
+
+    def drop(self) -> None:
+        """Count one record not sent (thread-safe: adapters run on many threads)."""
+        with self._count_lock:
+            self.dropped += 1
 
     def send(self, doc: dict[str, Any], key: str | None) -> bytes | None:
         """Serialise and send; returns the JSON sent, or None (``dropped`` + 1) on failure."""
         if getattr(self._busy, "on", False):
+            # A log call made while this thread is sending (a signal handler, or a library
+            # the producer uses): skipped, not recursed into, and counted.
+            self.drop()
             return None
         self._busy.on = True
         try:
@@ -66,7 +75,7 @@ class JsonSender:
             self.producer.send(value, key=key)
             return value
         except Exception:
-            self.dropped += 1
+            self.drop()
             return None
         finally:
             self._busy.on = False

@@ -86,7 +86,7 @@ class KafkaHandler(logging.Handler):
         try:
             doc = record_to_dict(record, self._sender.host, {})
         except Exception:
-            self._sender.dropped += 1
+            self._sender.drop()
             return
         self._sender.send(doc, key=record.name)
 

@@ -86,7 +86,7 @@ class KafkaSink:
                 return
             doc = record_to_dict(record, self._sender.host)
         except Exception:
-            self._sender.dropped += 1
+            self._sender.drop()
             return
         name = doc["logger"]
         self._sender.send(doc, key=None if name is None else str(name))

@@ -76,12 +76,17 @@ class KafkaProcessor:
         name = event_dict.get("logger", getattr(record, "name", None))
         if is_sdk_logger(name):
             return None
-        doc = {k: v for k, v in event_dict.items() if not k.startswith("_")}
-        if "timestamp" not in doc:
-            doc["timestamp"] = utc_now_iso()
-        doc.setdefault("host", self._sender.host)
-        key = doc.get(self.key_field) if self.key_field else None
-        return self._sender.send(doc, None if key is None else str(key))
+        try:
+            doc = _public(event_dict)
+            if "timestamp" not in doc:
+                doc["timestamp"] = utc_now_iso()
+            doc.setdefault("host", self._sender.host)
+            key = doc.get(self.key_field) if self.key_field else None
+            key = None if key is None else str(key)
+        except Exception:  # a key or field that will not turn into text: never the app's
+            self._sender.drop()
+            return None
+        return self._sender.send(doc, key)
 
     def __call__(self, logger: Any, method_name: str, event_dict: EventDict) -> EventDict:
         self.send(event_dict)
@@ -112,9 +117,16 @@ class KafkaRenderer(KafkaProcessor):
         if not self.output:
             raise structlog.DropEvent
         if sent is None:  # not sent (an SDK event, or a failure): still printed
-            doc = {k: v for k, v in event_dict.items() if not k.startswith("_")}
-            return json.dumps(doc, default=str, ensure_ascii=False)
+            try:
+                return json.dumps(_public(event_dict), default=str, ensure_ascii=False)
+            except Exception as exc:  # e.g. a value that contains itself: never raised
+                return json.dumps({"event": "unserialisable event", "error": repr(exc)})
         return sent.decode()
+
+
+def _public(event_dict: EventDict) -> dict[str, Any]:
+    """The event's fields without structlog's private ones (``_record``...); keys as text."""
+    return {k: v for k, v in event_dict.items() if not (isinstance(k, str) and k.startswith("_"))}
 
 
 __all__ = ["KafkaProcessor", "KafkaRenderer"]

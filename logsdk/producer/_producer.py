@@ -454,8 +454,9 @@ class LogProducer:
                 if self._seq_next == seq + 1:
                     if self._shm is not None:
                         # A refused record's frame was settled by seq: flag it now, while
-                        # the seq still names that frame and not the next record's.
-                        self._shm.drain_settled()
+                        # the seq still names that frame and not the next record's (also
+                        # when the pump's drain has already taken it from the list).
+                        self._shm.drain_all()
                     self._seq_next = seq
                 raise
         wake = self._wake

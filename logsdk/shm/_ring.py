@@ -399,6 +399,13 @@ class ShmRing:
             with self._settle_lock:
                 self._drain()
 
+    def drain_all(self) -> None:
+        """:meth:`drain_settled`, and wait for a drain under way in another thread: once
+        this returns, every seq settled before the call has had its frame flagged and left
+        the open set, so the seq may name a new record."""
+        with self._settle_lock:
+            self._drain()
+
     def _drain(self) -> None:
         """Caller holds _settle_lock: nothing moves the tail meanwhile, so every frame
         still in _open is in [tail, head) and its flag byte is its own."""

@@ -100,6 +100,40 @@ def test_structlog_renderer_returns_or_drops_the_json(
     ]
 
 
+def test_structlog_renderer_never_raises_on_a_bad_event(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A value that contains itself, one whose str() raises, a key that is not text: the
+    event is dropped and counted, the renderer still returns a line, the app never sees an
+    exception; the next good event is sent."""
+
+    class Hostile:
+        def __str__(self) -> str:
+            raise RuntimeError("no text for you")
+
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    topic = fresh_topic(1)
+    out = io.StringIO()
+    render = KafkaRenderer(
+        bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic, spool_dir=tmp_path
+    )
+    try:
+        log = structlog.wrap_logger(structlog.PrintLogger(out), processors=[render])
+        log.info("loop", d=loop)
+        log.info("hostile", h=Hostile())
+        log.info("tuple key", **{"k": {(1, 2): "v"}})
+        log.info("fine", n=1)
+        assert render.dropped == 3
+    finally:
+        render.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4
+    assert json.loads(lines[0])["event"] == "unserialisable event"
+    got = [d for _, d in docs_of(kafka_broker.bootstrap_servers, topic)]
+    assert [d["event"] for d in got] == ["fine"]
+
+
 def test_loguru_sink_ships_records(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
