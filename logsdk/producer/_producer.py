@@ -321,6 +321,10 @@ class LogProducer:
         self._last_ack = time.monotonic()
         self._last_idle = time.monotonic()
         self._transitions = 0
+        # Log lines of the pump made while it holds _lock, written once it let go: a
+        # logging framework's own lock (loguru, a structlog formatter) may be held by an
+        # application thread that is waiting for _lock in send().
+        self._deferred_logs: list[tuple[int, str, tuple[Any, ...]]] = []
         self._degraded_s = 0.0  # time spent DEGRADED, up to the last state change
         self._degraded_since = time.monotonic()
         self._errors: collections.Counter[str] = collections.Counter()
@@ -794,6 +798,7 @@ class LogProducer:
         while not self._stop.is_set():
             try:
                 busy = self._step()
+                self._flush_logs()
             except Exception:  # a bug: say so loudly, keep the records, keep pumping
                 self._errors["pump"] += 1
                 log.exception("logsdk pump step failed; retrying (records stay buffered)")
@@ -888,7 +893,15 @@ class LogProducer:
         self._state = new
         self._transitions += 1
         level = logging.WARNING if new is State.DEGRADED else logging.INFO
-        log.log(level, "logsdk producer %s -> %s: %s", old.value, new.value, reason)
+        self._deferred_logs.append(
+            (level, "logsdk producer %s -> %s: %s", (old.value, new.value, reason))
+        )
+
+    def _flush_logs(self) -> None:
+        """Write the deferred log lines (pump thread, never holding _lock)."""
+        while self._deferred_logs:
+            level, msg, args = self._deferred_logs.pop(0)
+            log.log(level, msg, *args)
 
     def _degrade(self, reason: str) -> None:
         """Take the client away: every record it holds comes back and goes to the spool."""
@@ -896,6 +909,7 @@ class LogProducer:
             self._direct = False
             self._epoch += 1
             self._set_state(State.DEGRADED, reason)
+        self._flush_logs()
         self._retire_client()
         # The purge's own failure reports asked for a degrade: this one. Left pending, the
         # request would end the next recovery at its first step.
@@ -1112,7 +1126,13 @@ class LogProducer:
         except KafkaException as exc:
             self._errors["rejected"] += 1
             self._n_rejected += 1
-            log.error("record seq=%d rejected by Kafka (%s); set aside in the spool", rec[5], exc)
+            self._deferred_logs.append(
+                (
+                    logging.ERROR,
+                    "record seq=%d rejected by Kafka (%s); set aside in the spool",
+                    (rec[5], exc),
+                )
+            )
             self._rejects.append((_row(rec), str(exc)))
             return True  # out of the backlog: kept in the spool's rejected table
 
@@ -1362,6 +1382,7 @@ class LogProducer:
             )
             self._errors["lost_on_close"] += lost
         self._state = State.CLOSED
+        self._flush_logs()
         if self._shm is not None:
             # Clean close: every record is acknowledged or spooled, so the segment goes.
             # Otherwise it stays, and the next producer on it resends what it holds.

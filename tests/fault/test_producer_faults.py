@@ -287,6 +287,60 @@ def test_slow_replay_acknowledgements_are_not_a_stall(
     assert rep.order_violations == 0
 
 
+def test_a_logging_lock_held_by_a_sender_never_deadlocks_the_pump(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """An application thread calls send() while holding its logging framework's lock
+    (loguru's handler lock, a structlog formatter's), and that framework also receives
+    the producer's own log lines. When Kafka fails, the pump logs the state change: it
+    must not do so while holding the lock send() needs, or both threads hang."""
+    framework = threading.Lock()
+
+    class FrameworkHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            with framework:
+                pass
+
+    handler = FrameworkHandler()
+    sdk_log = logging.getLogger("logsdk.producer")
+    sdk_log.addHandler(handler)
+    broker = broker_factory(durable=True)
+    topic = create_topic(broker.bootstrap_servers, "framework-lock", 1)
+    p = LogProducer(broker.bootstrap_servers, topic, tmp_path, **FAST)
+    stop = threading.Event()
+    sent = [0]
+
+    def app() -> None:
+        while not stop.is_set():
+            with framework:  # held nearly all the time, as by a busy logging call
+                p.send(b"%d" % sent[0])
+                sent[0] += 1
+                time.sleep(0.001)
+
+    t = threading.Thread(target=app, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: sent[0] > 100, 10, "the application sending")
+        broker.kill()
+        wait_until(lambda: p.state is State.DEGRADED, 30, "the outage noticed")
+        before = sent[0]
+        wait_until(lambda: sent[0] > before + 100, 10, "the application still sending")
+        broker.restart()
+        wait_until(lambda: p.state is State.ONLINE, 60, "ONLINE again")
+        before = sent[0]
+        wait_until(lambda: sent[0] > before + 100, 10, "the application still sending")
+    finally:
+        stop.set()
+        t.join(10)
+        sdk_log.removeHandler(handler)
+        alive = t.is_alive()
+        if not alive:
+            p.close()
+    assert not alive, "the application thread is stuck in send()"
+    rep = check_delivery(read_topic(broker.bootstrap_servers, topic, timeout=60))
+    assert rep.missing(p.producer_id, range(sent[0])) == []
+
+
 _CHILD = textwrap.dedent(
     """
     import sys, time
