@@ -47,10 +47,11 @@ class KafkaHandler(logging.Handler):
     """Ship log records as JSON (timestamp, level, logger, message, exception, extra
     fields, host, pid) through a :class:`~logsdk.LogProducer`.
 
-    Never raises into the application and never blocks longer than ``max_block_s``:
-    a record the producer cannot take is counted in :attr:`dropped`. Pass an
-    existing ``producer`` (not closed by the handler), or the producer arguments
-    (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one, which
+    Never raises into the application and, with a producer it owns, never blocks a call
+    longer than ``max_block_s`` (twice with ``buffer="shm"``: the ring, then memory; a
+    borrowed producer applies its own): a record the producer cannot take is counted in
+    :attr:`dropped`. Pass an existing ``producer`` (not closed by the handler), or the
+    producer arguments (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one, which
     ``close()`` closes: usable from ``logging.config.dictConfig``. Records of the
     ``logsdk`` loggers themselves are skipped, so the SDK never logs into itself.
     """
