@@ -86,7 +86,7 @@ class LogConsumer:
         dead_letter_topic: str | None = None,
         max_retries: int = 3,
         retry_backoff: float = 0.1,
-        max_batch: int = 500,
+        max_batch: int = 1000,
         executor: str = "thread",
         commit_interval: float = 1.0,
         rebalance_timeout: float = 10.0,
