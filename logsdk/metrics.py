@@ -115,6 +115,9 @@ CONSUMER_METRICS: dict[str, MetricDoc] = {
     "lost": MetricDoc("counter", "partitions lost (session expired)"),
     "paused": MetricDoc("counter", "times fetching was paused for backpressure"),
     "resumed": MetricDoc("counter", "times fetching resumed"),
+    "refetched": MetricDoc(
+        "counter", "polled records left out to keep the byte bound (fetched again)"
+    ),
     "discarded": MetricDoc("counter", "queued records dropped because their partition was revoked"),
     "queue_size": MetricDoc("gauge", "the queue bound (records)"),
     "queue_depth": MetricDoc("gauge", "records queued for the workers now"),

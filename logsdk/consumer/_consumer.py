@@ -416,6 +416,7 @@ class LogConsumer:
             "lost": c.get("lost", 0),
             "paused": c.get("paused", 0),
             "resumed": c.get("resumed", 0),
+            "refetched": c.get("refetched", 0),
             "queue_size": self._queue_size,
             "queue_depth": 0,
             "queue_bytes": 0,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from logsdk.consumer._kafka import KafkaConsumerClient, Run, to_columns
+from logsdk.consumer._kafka import KafkaConsumerClient, Run, message_bytes, to_columns
 from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
 from logsdk.consumer._records import TopicPartition
 from logsdk.consumer._workers import Counters, Dispatcher
@@ -131,7 +131,7 @@ class Fetcher:
                     n = 1 if self.paused else max(1, min(self._s.fetch_batch, room))
                     runs = self._client.poll(n, 0.1)
                     if runs:
-                        self._ingest(runs)
+                        self._ingest(self._trim(runs))
                 now = time.monotonic()
                 if now >= next_commit:
                     self._commit(force=False)
@@ -173,6 +173,48 @@ class Fetcher:
             log.debug("queue at %d records / %d bytes: partitions paused", d.held, d.held_bytes)
             return True
         return False
+
+    def _trim(self, runs: list[Run]) -> list[Run]:
+        """Keep the prefix of a poll that fits the queue's byte room (at least one record)
+        and seek each partition back to its first record left out: it is fetched again
+        later. The poll size is already estimated from the average record size; this makes
+        the bound exact when records grow, or before any was seen (the embedded broker does
+        not keep a fetch within librdkafka's byte limits)."""
+        room = self._s.queue_bytes - self._d.held_bytes
+        if self.paused or sum(run.nbytes for run in runs) <= room:
+            return runs
+        kept: list[Run] = []
+        cut: dict[TopicPartition, int] = {}
+        used = 0
+        for run in runs:
+            if cut:  # past the cut: every later record is left out
+                if run.tp not in cut:
+                    cut[run.tp] = run.first
+                continue
+            if used + run.nbytes <= room:
+                kept.append(run)
+                used += run.nbytes
+                continue
+            msgs, i = run.msgs, 0
+            while i < len(msgs):
+                size = message_bytes(msgs[i : i + 1])
+                if used + size > room and (kept or i):
+                    break
+                used += size
+                i += 1
+            if i:
+                kept.append(Run(run.tp, msgs[:i]))
+            if i < len(msgs):
+                cut[run.tp] = msgs[i].offset()  # type: ignore[assignment]
+        for tp, offset in cut.items():
+            try:
+                self._client.seek(tp, offset)
+            except ConsumerError as exc:  # revoked during that poll: no longer ours to read
+                log.debug("no seek back for %s: %s", tp, exc)
+        self._counters.add(
+            "refetched", sum(len(r.msgs) for r in runs) - sum(len(r.msgs) for r in kept)
+        )
+        return kept
 
     def _ingest(self, runs: list[Run]) -> None:
         """Admit each polled run into the offset map and queue it as one chunk."""

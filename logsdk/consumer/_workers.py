@@ -358,9 +358,11 @@ class Runner:
         pool = self._pool
         if pool is None:
             return
-        # The worker processes, before shutdown() drops its reference to them.
-        procs = list((getattr(pool, "_processes", None) or {}).values())
+        # The pool's table of worker processes (shutdown() drops its reference to it),
+        # read once shutdown() returned: no process is started after that.
+        table = getattr(pool, "_processes", None) or {}
         pool.shutdown(wait=False, cancel_futures=True)
+        procs = list(table.values())
         deadline = time.monotonic() + timeout
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
