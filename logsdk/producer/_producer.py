@@ -1032,7 +1032,7 @@ class LogProducer:
         cursor = self._replay_cursor
         sent = 0
         for rid, topic, key, value, hblob, ts, seq in rows:
-            hdrs: KHeaders = [pid_header, (HEADER_SEQ, b"%d" % seq)]
+            hdrs: KHeaders = [pid_header, (HEADER_SEQ, seq)]  # seq: the header's bytes
             if hblob is not None:
                 hdrs = [*decode_headers(hblob), *hdrs]
             try:
@@ -1052,7 +1052,7 @@ class LogProducer:
                     with self._lock:
                         self._n_rejected += 1
                     self._errors["rejected"] += 1
-                    log.error("record seq=%d rejected by Kafka (%s); set aside", seq, exc)
+                    log.error("record seq=%s rejected by Kafka (%s); set aside", seq.decode(), exc)
                     self._reject_ids.append((rid, str(exc)))
                     cursor = rid
                     continue

@@ -63,7 +63,9 @@ Row = tuple[str, bytes | None, bytes | None, bytes | None, int | None, int]
 #: A row read back: id, topic, key, value, headers blob, ts, seq, size.
 StoredRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, int, int]
 #: A row read back for replay: id, topic, key, value, headers blob, ts, seq.
-ReplayRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, int]
+#: As a stored row, without ``size``, and with ``seq`` as its decimal digits (bytes): the
+#: value of the ``logsdk.seq`` header, formatted by SQLite.
+ReplayRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, bytes]
 
 Headers = list[tuple[str, bytes | None]]
 _COLUMNS = "topic, key, value, headers, ts, seq, size"
@@ -587,9 +589,10 @@ class Spool:
         return self._read("id, topic, key, value, headers, ts, seq, size", after_id, limit)
 
     def read_replay(self, after_id: int, limit: int) -> list[ReplayRow]:
-        """As :meth:`read_after` without the ``size`` column, which a replay never uses:
-        one Python int less to build per row (about 15% of the read's cost)."""
-        return self._read("id, topic, key, value, headers, ts, seq", after_id, limit)
+        """As :meth:`read_after` without the ``size`` column, which a replay never uses
+        (one Python int less to build per row: about 15% of the read's cost), and with
+        ``seq`` as the bytes of its ``logsdk.seq`` header (SQLite formats it in C)."""
+        return self._read("id, topic, key, value, headers, ts, CAST(seq AS BLOB)", after_id, limit)
 
     def _read(self, columns: str, after_id: int, limit: int) -> list[Any]:
         try:
