@@ -33,6 +33,7 @@ _FORBIDDEN_KAFKA = {
     "kafka.enable.auto.commit": "the source never commits; offsets live in Spark's checkpoint",
     "kafka.enable.auto.offset.store": "the source never commits",
     "kafka.group.instance.id": "the source joins no group",
+    "kafka.enable.partition.eof": "the source needs end-of-partition events to finish a range",
 }
 
 _KNOWN = (
@@ -70,6 +71,15 @@ class SourceOptions:
     @property
     def bootstrap_servers(self) -> str:
         return str(self.kafka["bootstrap.servers"])
+
+    def __repr__(self) -> str:
+        # Never the raw kafka settings: they may hold a SASL password.
+        from logsdk.producer._config import redacted
+
+        return (
+            f"SourceOptions(kafka={redacted(self.kafka)!r}, topics={self.topics!r}, "
+            f"pattern={self.pattern!r}, starting={self.starting!r}, ending={self.ending!r})"
+        )
 
     def matches(self, topic: str) -> bool:
         """True when ``topic`` is in the subscription."""

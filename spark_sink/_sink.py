@@ -87,7 +87,17 @@ def apply_batch(
     handler back and propagates, so Spark aborts the batch and reruns it later.
     """
     pseudo = batch_partition(sink_id)
-    if batch_id < next_batch_id(handler, sink_id):
+    stored = next_batch_id(handler, sink_id)
+    if batch_id < stored:
+        if batch_id < stored - 1:
+            # Spark reruns only its last batch after a restart. An older one means another
+            # query (a new checkpoint with this sink id): skipping it would drop its rows.
+            raise SinkError(
+                f"batch {batch_id} of sink {sink_id} is older than the last one it applied "
+                f"({stored - 1}): the query is not the one that wrote this sink (a new "
+                "checkpoint location with the same sink id?); give it a new sink id, or "
+                "its old checkpoint"
+            )
         log.info("batch %d of sink %s was already applied; skipped", batch_id, sink_id)
         return False
     try:

@@ -110,6 +110,15 @@ class _Planner:
                     f"option {name} names partitions that do not exist: "
                     + ", ".join(f"{t}[{p}]" for t, p in unknown)
                 )
+            # As Spark's Kafka source: a partition left out would be read from nowhere
+            # (an ending offset) or from a guess; say so instead.
+            unnamed = sorted(tp for tp in marks if tp not in given)
+            if unnamed:
+                raise SparkSourceError(
+                    f"option {name} must give an offset (-2: earliest, -1: latest) for every "
+                    "partition of the subscribed topics; it leaves out "
+                    + ", ".join(f"{t}[{p}]" for t, p in unnamed)
+                )
         out: dict[TP, int] = {}
         for tp, (low, end) in marks.items():
             want = given.get(tp, EARLIEST) if isinstance(given, dict) else given

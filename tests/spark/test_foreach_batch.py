@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from logsdk.errors import SparkSourceError
+from logsdk.errors import SinkError, SparkSourceError
 from logsdk.sinks import SQLiteSink
 from logsdk.testing.pytest_plugin import KafkaTarget
 from spark_sink import ForeachBatchSink, next_batch_id
@@ -42,6 +42,11 @@ def test_foreach_batch_applies_each_batch_id_once(
     sink(df.where("offset >= 100"), 1)
     assert next_batch_id(handler, "fb") == 2
     assert_exactly(stored_rows(sink_db), {(topic, 0): 200, (topic, 1): 200})
+    # Batch 0 again, after batch 1: not a replay (Spark reruns only its last batch) but
+    # another query reusing the sink id. Refused, not skipped: its rows would be lost.
+    with pytest.raises(SinkError, match="older than the last one it applied"):
+        sink(df.where("offset < 100"), 0)
+    assert next_batch_id(handler, "fb") == 2
     with pytest.raises(SparkSourceError, match="sink_id"):
         ForeachBatchSink(handler, sink_id="bad id!")
 

@@ -75,6 +75,12 @@ def test_batch_read_has_spark_kafka_columns_and_every_record(
         spark, kafka_broker, subscribe=topic, endingOffsets=f'{{"{topic}": {{"0": 10, "1": -1}}}}'
     ).load()
     assert part.count() == 510
+    # A partition left out of the JSON is an error, as in Spark's Kafka source (it was
+    # read as "earliest": nothing of it, silently).
+    with pytest.raises(Exception, match=r"endingOffsets must give an offset .* leaves out"):
+        reader(
+            spark, kafka_broker, subscribe=topic, endingOffsets=f'{{"{topic}": {{"0": 10}}}}'
+        ).load().count()
 
 
 def test_unknown_option_and_bad_offsets_json_fail_at_load(

@@ -77,6 +77,7 @@ def test_split_ranges_honours_min_partitions() -> None:
         ({"minPartitions": "lots"}, "minPartitions"),
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
         ({"kafka.auto.offset.reset": "earliest"}, "kafka.auto.offset.reset"),
+        ({"kafka.enable.partition.eof": "false"}, "kafka.enable.partition.eof"),
         ({"subscribePattern": "x"}, "exactly one of the options subscribe or subscribePattern"),
         ({"subscribe": " , "}, "option subscribe names no topic"),
     ],
@@ -87,6 +88,15 @@ def test_bad_options_name_the_option(options: dict[str, str], names: str) -> Non
         parse_source_options({**BASE, **options})
     assert names in str(info.value)
     assert isinstance(info.value, ConfigError)
+
+
+def test_options_repr_hides_the_sasl_password() -> None:
+    """The parsed options never show a secret in their repr (a log line, a Spark plan)."""
+    opts = parse_source_options(
+        {**BASE, "kafka.sasl.username": "app", "kafka.sasl.password": "hunter2-secret"}
+    )
+    assert "hunter2-secret" not in repr(opts)
+    assert "app" in repr(opts)
 
 
 def test_pattern_bad_regex_and_missing_bootstrap() -> None:
