@@ -133,7 +133,10 @@ def records_from_arrow(table: pa.Table | pa.RecordBatch, sink_id: str) -> list[R
         if "timestamp" in names:
             ts = table.column("timestamp")
             if pa.types.is_timestamp(ts.type):
-                stamps = ts.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64()).to_pylist()
+                # Kafka keeps milliseconds: a finer timestamp is truncated, not refused
+                # (a safe cast raises, and the batch would fail on every retry).
+                ms = ts.cast(pa.timestamp("ms", tz="UTC"), safe=False)
+                stamps = ms.cast(pa.int64()).to_pylist()
         headers: list[Any] = table.column("headers").to_pylist() if "headers" in names else []
         return [
             Record(

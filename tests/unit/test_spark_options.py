@@ -124,3 +124,23 @@ def test_good_options_are_parsed_case_insensitively() -> None:
     assert opts.fail_on_data_loss is False
     assert opts.matches("logs")
     assert not opts.matches("logs2")
+
+
+def test_kafka_rows_with_a_finer_timestamp_are_truncated_to_milliseconds() -> None:
+    """Kafka-shaped rows whose timestamp has microseconds (current_timestamp(), a parsed
+    log time) become records with the millisecond, not a cast error on every retry."""
+    pa = pytest.importorskip("pyarrow")
+    from spark_sink._sink import records_from_arrow
+
+    table = pa.table(
+        {
+            "topic": ["logs"],
+            "partition": [0],
+            "offset": [7],
+            "value": [b"v"],
+            "timestamp": pa.array([1_700_000_000_001_999], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    [record] = records_from_arrow(table, "s")
+    assert (record.topic, record.partition, record.offset) == ("logs", 0, 7)
+    assert record.timestamp == 1_700_000_000_001
