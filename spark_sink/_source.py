@@ -121,7 +121,7 @@ class _Planner:
                 )
         out: dict[TP, int] = {}
         for tp, (low, end) in marks.items():
-            want = given.get(tp, EARLIEST) if isinstance(given, dict) else given
+            want = given[tp] if isinstance(given, dict) else given  # every tp is named
             if want in ("earliest", EARLIEST):
                 out[tp] = low
             elif want in ("latest", LATEST):

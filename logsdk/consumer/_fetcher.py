@@ -221,17 +221,7 @@ class Fetcher:
         admit, register = self._offsets.admit_run, self._offsets.register
         limit = self._s.max_batch
         if any(len(run.msgs) > limit for run in runs):
-            runs = [
-                piece
-                for run in runs
-                for piece in (
-                    [run]
-                    if len(run.msgs) <= limit
-                    else [
-                        Run(run.tp, run.msgs[i : i + limit]) for i in range(0, len(run.msgs), limit)
-                    ]
-                )
-            ]
+            runs = [piece for run in runs for piece in run.pieces(limit)]
         for run in runs:
             n = len(run.msgs)
             fetched += n

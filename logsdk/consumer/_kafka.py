@@ -109,6 +109,13 @@ class Run:
         """The run of the messages at ``indexes`` (ascending, not empty)."""
         return Run(self.tp, [self.msgs[i] for i in indexes])
 
+    def pieces(self, limit: int) -> list[Run]:
+        """This run cut into runs of at most ``limit`` messages, in order."""
+        msgs = self.msgs
+        if len(msgs) <= limit:
+            return [self]
+        return [Run(self.tp, msgs[i : i + limit]) for i in range(0, len(msgs), limit)]
+
 
 class KafkaConsumerClient:
     """A confluent-kafka ``Consumer`` as the fetch thread uses it (call it from that thread)."""

@@ -724,11 +724,7 @@ class LogProducer:
             self._unconfirmed_seen()
             return
         if _client.is_record_error(err):
-            with self._lock:
-                self._n_rejected += 1
-            self._errors["rejected"] += 1
-            log.error("record seq=%s rejected by Kafka (%s); set aside", _seq_of(msg), err.str())
-            self._reject_ids.append((rid, err.str()))
+            self._reject_replayed(rid, _seq_of(msg), err.str())
             return
         if err.code() in _client.POSSIBLY_PERSISTED:
             self._n_possible_dups += 1
@@ -779,6 +775,15 @@ class LogProducer:
             self._request_degrade(f"fatal client error: {err.str()}")
         elif _client.is_cluster_down(err):
             self._request_degrade(f"cluster unreachable: {err.str()}")
+
+    def _reject_replayed(self, rid: int, seq: object, why: str) -> None:
+        """Kafka refused spool row ``rid`` (on produce or on delivery): count it, say so,
+        and have the pump move it to the rejected table."""
+        with self._lock:
+            self._n_rejected += 1
+        self._errors["rejected"] += 1
+        log.error("record seq=%s rejected by Kafka (%s); set aside", seq, why)
+        self._reject_ids.append((rid, why))
 
     def _reject(self, rec: Rec, err: KafkaError) -> None:
         with self._lock:
@@ -1048,12 +1053,7 @@ class LogProducer:
                 break
             except KafkaException as exc:
                 if _client.is_record_exception(exc):
-                    # Counted and logged as a refusal reported on delivery is.
-                    with self._lock:
-                        self._n_rejected += 1
-                    self._errors["rejected"] += 1
-                    log.error("record seq=%s rejected by Kafka (%s); set aside", seq.decode(), exc)
-                    self._reject_ids.append((rid, str(exc)))
+                    self._reject_replayed(rid, seq.decode(), str(exc))
                     cursor = rid
                     continue
                 self._errors["produce_error"] += 1
