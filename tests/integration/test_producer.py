@@ -166,6 +166,49 @@ def test_broker_down_whole_run_then_new_producer_delivers(
     assert rep.order_violations == 0
 
 
+def test_every_field_arrives_as_sent_by_every_path(
+    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
+) -> None:
+    """Key, value, headers and timestamp arrive as sent, whichever way the record went:
+    spooled and replayed, straight to librdkafka, or queued behind it while its queue was
+    full. (produce() is called with positional arguments on the hot paths: a wrong order
+    would put a field in the wrong place, which only a record read back can show.)"""
+    bootstrap, port = _dead_bootstrap()
+    ts0 = 1_600_000_000_000
+
+    def send(p: LogProducer, i: int) -> None:
+        p.send(f"v{i}", key=f"k{i}", headers=[("app", f"h{i}")], timestamp=ts0 + i)
+
+    with LogProducer(bootstrap, "fields", tmp_path, **FAST) as p:
+        for i in range(300):
+            send(p, i)  # Kafka is down: these are replayed by the next producer
+        pid = p.producer_id
+    broker = broker_factory(port=port)
+    create_topic(broker.bootstrap_servers, "fields", 2)
+    # A librdkafka queue of 5 records: most live sends find it full and queue behind it.
+    tiny = {**FAST, "kafka_config": {**FAST["kafka_config"], "queue.buffering.max.messages": 5}}
+    with LogProducer(broker.bootstrap_servers, "fields", tmp_path, **tiny) as p2:
+        wait_until(lambda: p2.stats()["spool_records"] == 0, 30, "the spool to drain")
+        for i in range(300, 600):
+            send(p2, i)
+        assert p2.flush(30) == 0
+        assert p2.stats()["replayed"] == 300
+    msgs = read_topic(broker.bootstrap_servers, "fields")
+    assert len(msgs) == 600
+    seen, seqs = set(), set()
+    for m in msgs:
+        i = int((m.value() or b"")[1:])  # value b"v<i>"
+        seen.add(i)
+        assert m.key() == f"k{i}".encode()
+        hdrs = m.headers() or []
+        assert [h for h, _ in hdrs] == ["app", "logsdk.producer", "logsdk.seq"]
+        assert hdrs[:2] == [("app", f"h{i}".encode()), ("logsdk.producer", pid.encode())]
+        seqs.add(int(hdrs[2][1]))
+        assert m.timestamp()[1] == ts0 + i
+    assert seen == set(range(600))
+    assert len(seqs) == 600
+
+
 @pytest.mark.parametrize("policy", ["drop_newest", "drop_oldest", "raise", "block"])
 def test_overflow_policies_count_every_record(
     broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path, policy: str
