@@ -93,8 +93,7 @@ class _Record(tuple[str, bytes | None, bytes | None, Headers | None, int | None,
         p = self._producer
         # _on_delivery()'s ack path, inlined (no chain of unconfirmed reports under way)
         if err is None and not p._dupseq and msg.offset() is not None:
-            p._n_acked += 1
-            p._last_ack = time.monotonic()
+            p._n_acked += 1  # _polled() notes the time of the progress, once per poll
             if p._shm is not None:
                 p._shm.settle(self[5])
             return
@@ -319,6 +318,7 @@ class LogProducer:
         self._alarm_op = ""  # which spool operation raised it: "write", "settle" or "read"
         self._disk_retry_at = 0.0
         self._last_ack = time.monotonic()
+        self._acked_polled = 0  # _n_acked at the last poll that saw it move
         self._last_idle = time.monotonic()
         self._transitions = 0
         # Log lines of the pump made while it holds _lock, written once it let go: a
@@ -411,7 +411,7 @@ class LogProducer:
             try:
                 if timestamp is None:
                     # Fixed now, so a record spooled and replayed keeps its creation time.
-                    timestamp = int(time.time() * 1000)
+                    timestamp = time.time_ns() // 1_000_000
                 rec = self._record((topic, k, v, h, timestamp, seq))
                 shm = self._shm
                 # Ring full: wait for room, or raise/drop per when_full (None: dropped).
@@ -694,7 +694,6 @@ class LogProducer:
         if err is None:
             if not self._unconfirmed(msg):
                 self._n_acked += 1
-                self._last_ack = time.monotonic()
                 if self._shm is not None:
                     self._shm.settle(rec[5])
                 return
@@ -768,7 +767,12 @@ class LogProducer:
 
     def _polled(self) -> None:
         """A poll or flush returned: every batch it reported is complete, and the ring
-        slots of the records it settled are flagged (one lock for the lot)."""
+        slots of the records it settled are flagged (one lock for the lot). Acknowledgements
+        it served count as progress for the stall detector (one clock read per poll, not
+        per record: delivery reports are only served inside poll() and flush())."""
+        if self._n_acked != self._acked_polled:
+            self._acked_polled = self._n_acked
+            self._last_ack = time.monotonic()
         if self._dupseq:
             self._dupseq.clear()
         if self._shm is not None:
@@ -1067,6 +1071,11 @@ class LogProducer:
 
     def _drain_backlog_to_client(self) -> bool:
         """ONLINE with a backlog (librdkafka was full): feed it in order, then go direct."""
+        if self._direct:
+            # Read without _lock: the pump steps after every poll, and taking the lock each
+            # time made it queue behind send(), which holds it most of the time. Only send()
+            # and the pump change _direct; a send() that just turned it off sets _wake.
+            return False
         with self._lock:
             if self._direct or not self._backlog:
                 if not self._direct and not self._backlog:
