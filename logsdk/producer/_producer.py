@@ -1038,6 +1038,11 @@ class LogProducer:
             return False
         if self._alarm is not None:
             self._disk_ok("read")
+        if not rows and not self._replay_inflight and not self._acked_ids and not self._reject_ids:
+            # Nothing left to read, in flight or to delete, yet the gauges say rows remain:
+            # they are off (a bug). Counted again from the table, so the replay can end.
+            self._spool.recount_if_off()
+            return False
         client = self._client
         produce = client.produce
         ack = self._replay_ack

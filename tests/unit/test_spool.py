@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
 from pathlib import Path
 
@@ -128,6 +129,72 @@ def test_corrupt_file_moved_aside(tmp_path: Path) -> None:
         assert list(tmp_path.glob("spool.db.corrupt-*"))
     finally:
         sp2.close()
+
+
+def _gauges(sp: Spool) -> tuple[int, int, int, int]:
+    return sp.count, sp.bytes, sp._garbage, sp._top_id
+
+
+def test_clean_close_lets_the_next_open_skip_the_full_file_checks(tmp_path: Path) -> None:
+    """After a clean close the next open trusts the summary it left (same gauges, no
+    quick_check); the summary is gone from state.json as soon as a spool is open, so a
+    crash then leads to a full check."""
+    sp = Spool(tmp_path).open()
+    assert sp.checked_at_open  # a new spool: checked
+    sp.append(_rows(50))
+    sp.delete_through(sp.read_after(0, 20)[-1][0])  # a watermark with garbage below it
+    want = _gauges(sp)
+    sp.close()
+    assert "closed" in json.loads((tmp_path / "state.json").read_text())
+    sp2 = Spool(tmp_path).open()
+    try:
+        assert not sp2.checked_at_open
+        assert _gauges(sp2) == want
+        assert "closed" not in json.loads((tmp_path / "state.json").read_text())
+        sp2.append(_rows(1, 50))
+    finally:
+        sp2._conn.close()  # type: ignore[union-attr]  # a crash: no close()
+        sp2._conn = None
+        sp2.close()
+    sp3 = Spool(tmp_path).open()
+    try:
+        assert sp3.checked_at_open
+        assert sp3.count == 31
+    finally:
+        sp3.close()
+
+
+def test_a_file_changed_after_a_clean_close_is_checked_again(tmp_path: Path) -> None:
+    """Rows added by someone else after a clean close (the file grows): the summary no
+    longer matches the file, so the open checks and counts the table."""
+    sp = Spool(tmp_path).open()
+    sp.append(_rows(10))
+    sp.close()
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    with conn:
+        conn.executemany(
+            "INSERT INTO records_all (topic, value, ts, seq, size) VALUES ('t', ?, 0, ?, 1100)",
+            [(bytes(1000), 100 + i) for i in range(100)],
+        )
+    conn.close()
+    sp2 = Spool(tmp_path).open()
+    try:
+        assert sp2.checked_at_open
+        assert sp2.count == 110
+        assert sp2.bytes == sum(row_size(r) for r in _rows(10)) + 100 * 1100
+    finally:
+        sp2.close()
+
+
+def test_gauges_that_disagree_with_the_table_are_recounted(tmp_path: Path) -> None:
+    sp = Spool(tmp_path).open()
+    try:
+        sp.append(_rows(3))
+        sp.count, sp.bytes = 7, 1
+        sp.recount_if_off()
+        assert (sp.count, sp.bytes) == (3, sum(row_size(r) for r in _rows(3)))
+    finally:
+        sp.close()
 
 
 def test_rejected_rows_kept(tmp_path: Path) -> None:
