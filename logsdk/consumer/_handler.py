@@ -15,8 +15,9 @@ class Handler(Protocol):
     ``process`` may be called from several worker threads at once, each with a
     different batch; with ``ordering="partition"`` a partition's batches never run
     concurrently, with ``ordering="key"`` a key's records never do. Raising marks the
-    batch failed: it is retried, then split, and a record that still fails goes to
-    the dead-letter topic (or stops the consumer when there is none).
+    batch failed: its records then run one at a time, and a record that fails alone is
+    retried with backoff up to ``max_retries`` times, then goes to the dead-letter topic
+    (or stops the consumer when there is none).
     """
 
     def process(self, records: Sequence[Record]) -> None:

@@ -472,11 +472,13 @@ class WorkerPool:
     def _retry_one(self, record: Record, error: BaseException | None, epoch: int | None) -> bool:
         """Run one record alone until it succeeds, retries run out (DLT) or we must stop.
 
-        ``error`` is its failure so far (None: try it once right away first). ``epoch``
-        is set in exactly-once mode. Returns False when the batch must be abandoned
-        (stopping, or the partition was fenced).
+        ``error``: its failure when its failed batch held only it; None when the batch
+        held others too, so it is tried alone once right away first. ``epoch`` is set in
+        exactly-once mode. Returns False when the batch must be abandoned (stopping, or
+        the partition was fenced).
         """
         tp = record.topic_partition
+        batched = error is None  # its batch's run held other records: not counted below
         attempts = 0 if error is None else 1
         while attempts <= self._max_retries:
             if attempts and not self._backoff_wait(attempts):
@@ -495,7 +497,8 @@ class WorkerPool:
                     raise
                 error = exc
         assert error is not None
-        self._dead_letter(record, error, self._max_retries + 1)
+        # Every run of the handler that held the record, its failed batch's included.
+        self._dead_letter(record, error, attempts + batched)
         if epoch is not None:
             # Move the handler's stored offset past the dead-lettered record.
             try:
