@@ -1358,9 +1358,9 @@ class LogProducer:
                 if self._reject_ids:
                     mark = min(mark, min(r for r, _ in self._reject_ids) - 1)
                 keep = [i for i in ids if i > mark]
-                self._spool.delete_through(mark)
+                gone = self._spool.delete_through(mark)
             else:
-                self._spool.delete(ids)
+                gone = self._spool.delete(ids)
         except SpoolError:
             self._acked_ids = ids + self._acked_ids  # still in the spool: delete them later
             self._acked_kept = self._acked_seen = len(self._acked_ids)
@@ -1368,7 +1368,9 @@ class LogProducer:
         self._acked_ids = keep + self._acked_ids
         self._acked_kept = len(keep)
         self._acked_seen = len(self._acked_ids)
-        self._n_replayed += len(ids) - len(keep)
+        # The rows that left the spool: a late acknowledgement (a retired client's) of a
+        # row when_full="drop_oldest" has dropped meanwhile counted it dropped already.
+        self._n_replayed += gone
         self._last_ack = time.monotonic()
 
     def _shutdown(self) -> None:

@@ -677,15 +677,17 @@ class Spool:
         except sqlite3.Error as exc:
             raise SpoolError(f"spool read failed: {exc}") from exc
 
-    def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> None:
+    def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> int:
         """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query.
+        Returns how many rows left the spool (ids already gone, dropped by ``when_full``
+        meanwhile, are not counted).
 
         The ids are deleted as runs of consecutive ids, one ``BETWEEN`` per run: replayed
         rows are read in id order, so the acknowledged ones are mostly a few long runs.
         """
         runs = id_runs(ids)
         if not runs:
-            return
+            return 0
         n = sum(hi - lo + 1 for lo, hi in runs)
         conn = self.conn
         before = conn.total_changes
@@ -704,12 +706,14 @@ class Spool:
                 "DELETE FROM records_all WHERE id BETWEEN ? AND ? AND id > ?",
                 [(lo, hi, self._replayed_through) for lo, hi in runs],
             )
-        if conn.total_changes - before != n:
+        deleted = conn.total_changes - before
+        if deleted != n:
             self._recount()  # some rows were already gone (dropped by policy): recount
         else:
             self.count -= n
             self.bytes -= freed_bytes
         self._committed(freed_bytes)
+        return deleted
 
     def delete_through(self, last_id: int) -> int:
         """Every row with id <= ``last_id`` is acknowledged: they leave the spool; returns

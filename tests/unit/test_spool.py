@@ -186,6 +186,22 @@ def test_a_file_changed_after_a_clean_close_is_checked_again(tmp_path: Path) -> 
         sp2.close()
 
 
+def test_delete_counts_only_the_rows_still_there(tmp_path: Path) -> None:
+    """A late acknowledgement of rows when_full="drop_oldest" dropped meanwhile: delete()
+    returns only the rows that left the spool now (the producer counts them replayed)."""
+    sp = Spool(tmp_path).open()
+    try:
+        sp.append(_rows(10))
+        ids = [r[0] for r in sp.read_after(0, 10)]
+        assert sp.drop_oldest(1) == 1  # the oldest row goes by policy
+        assert sp.delete(ids[:4]) == 3
+        assert sp.count == 6
+        assert sp.delete_through(ids[5]) == 2
+        assert sp.count == 4
+    finally:
+        sp.close()
+
+
 def test_gauges_that_disagree_with_the_table_are_recounted(tmp_path: Path) -> None:
     sp = Spool(tmp_path).open()
     try:
