@@ -535,13 +535,6 @@ class Spool:
             self._state = json.loads(path.read_text())
             if not isinstance(self._state.get("producer_id"), str):
                 raise ValueError("no producer_id")
-            clean = self._state.pop("closed", None)
-            if clean is not None:
-                # Gone from the file before the database is opened: only the close that
-                # follows this open may leave a summary again.
-                self._write_state()
-                if isinstance(clean, dict) and all(type(clean.get(k)) is int for k in _CLEAN_KEYS):
-                    self._clean = clean
         except FileNotFoundError:
             self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
             self._write_state()
@@ -550,6 +543,18 @@ class Spool:
             log.error("spool state %s unreadable (%s); starting a new producer id", path, exc)
             self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
             self._write_state()
+        clean = self._state.pop("closed", None)
+        if clean is None:
+            return
+        # Gone from the file before the database is opened: only the close that follows
+        # this open may leave a summary again. Not removed: not used either (a full check).
+        try:
+            self._write_state()
+        except OSError as exc:
+            log.warning("spool state %s not rewritten (%s); checking the whole file", path, exc)
+            return
+        if isinstance(clean, dict) and all(type(clean.get(k)) is int for k in _CLEAN_KEYS):
+            self._clean = clean
 
     def _write_state(self) -> None:
         path = self.directory / STATE_NAME

@@ -164,6 +164,31 @@ def test_clean_close_lets_the_next_open_skip_the_full_file_checks(tmp_path: Path
         sp3.close()
 
 
+def test_summary_that_cannot_be_removed_is_not_used_and_the_id_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """state.json cannot be rewritten at open (disk full): the summary left by the clean
+    close is ignored (a full check), and the producer id stays what it was."""
+    sp = Spool(tmp_path).open()
+    pid = sp.producer_id
+    sp.append(_rows(5))
+    sp.close()
+
+    def refuse(self: Spool) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Spool, "_write_state", refuse)
+    sp2 = Spool(tmp_path).open()
+    try:
+        assert sp2.producer_id == pid
+        assert sp2.checked_at_open
+        assert sp2.count == 5
+    finally:
+        sp2._conn.close()  # type: ignore[union-attr]  # close() would try to write the state
+        sp2._conn = None
+        sp2.close()
+
+
 def test_a_file_changed_after_a_clean_close_is_checked_again(tmp_path: Path) -> None:
     """Rows added by someone else after a clean close (the file grows): the summary no
     longer matches the file, so the open checks and counts the table."""
