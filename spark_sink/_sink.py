@@ -221,12 +221,15 @@ class SinkOptions:
             if dedupe not in ("true", "false"):
                 raise SparkSourceError(f"option sqlite.dedupe must be true or false: {dedupe!r}")
             path = os.path.abspath(opts["sqlite.path"])
-            handler = encode_handler(
-                SQLiteSink(path, table=opts.get("sqlite.table", "records"), dedupe=dedupe == "true")
-            )
+            # The constructor opens the database (creating file and tables, so a bad
+            # path fails at start()); the pickled copy reconnects where it is used.
+            with SQLiteSink(
+                path, table=opts.get("sqlite.table", "records"), dedupe=dedupe == "true"
+            ) as sink:
+                handler = encode_handler(sink)
         else:
             handler = opts["handler"]
-            _decode_handler(handler)  # fail at start(), not at the first commit
+            _close(_decode_handler(handler))  # fail at start(), not at the first commit
         sink_id = opts.get("sinkid")
         if sink_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", sink_id):
             raise SparkSourceError(
