@@ -57,11 +57,14 @@ _SINK_OPTIONS = (
     "sqlite.path",
     "sqlite.table",
     "sqlite.dedupe",
+    "sqlite.synchronous",
     "sinkid",
     "stagingdir",
 )
 # Options Spark itself passes on to a sink.
 _SPARK_OWN = ("checkpointlocation", "path", "queryname")
+#: SQLite's ``PRAGMA synchronous`` levels, as SQLiteSink takes them.
+_SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 def batch_partition(sink_id: str) -> tuple[str, int]:
@@ -182,7 +185,7 @@ def _decode_handler(text: str) -> TransactionalHandler:
     if not text.startswith(_HANDLER_PREFIX):
         raise SparkSourceError(
             "option handler must come from spark_sink.encode_handler(handler) "
-            "(or use the options sqlite.path, sqlite.table, sqlite.dedupe)"
+            "(or use the options sqlite.path, sqlite.table, sqlite.dedupe, sqlite.synchronous)"
         )
     try:
         handler = cloudpickle.loads(base64.b64decode(text[len(_HANDLER_PREFIX) :]))
@@ -210,7 +213,7 @@ class SinkOptions:
                 raise SparkSourceError(
                     f"unknown option {key!r} for logsdk-sink; known options: handler "
                     "(from spark_sink.encode_handler), sqlite.path, sqlite.table, "
-                    "sqlite.dedupe, sinkId, stagingDir"
+                    "sqlite.dedupe, sqlite.synchronous, sinkId, stagingDir"
                 )
         if ("handler" in opts) == ("sqlite.path" in opts):
             raise SparkSourceError("give exactly one of the options handler or sqlite.path")
@@ -220,11 +223,21 @@ class SinkOptions:
             dedupe = opts.get("sqlite.dedupe", "false").lower()
             if dedupe not in ("true", "false"):
                 raise SparkSourceError(f"option sqlite.dedupe must be true or false: {dedupe!r}")
+            synchronous = opts.get("sqlite.synchronous", "NORMAL").strip().upper()
+            if synchronous not in _SQLITE_SYNCHRONOUS:
+                raise SparkSourceError(
+                    f"option sqlite.synchronous must be one of {', '.join(_SQLITE_SYNCHRONOUS)} "
+                    f"(SQLite's PRAGMA synchronous; FULL survives power loss), "
+                    f"got {opts['sqlite.synchronous']!r}"
+                )
             path = os.path.abspath(opts["sqlite.path"])
             # The constructor opens the database (creating file and tables, so a bad
             # path fails at start()); the pickled copy reconnects where it is used.
             with SQLiteSink(
-                path, table=opts.get("sqlite.table", "records"), dedupe=dedupe == "true"
+                path,
+                table=opts.get("sqlite.table", "records"),
+                dedupe=dedupe == "true",
+                synchronous=synchronous,
             ) as sink:
                 handler = encode_handler(sink)
         else:
@@ -339,7 +352,8 @@ class HandlerSink(DataSource):
     """``df.writeStream.format("logsdk-sink")``: exactly-once into a TransactionalHandler.
 
     Options: ``handler`` (from :func:`encode_handler`) or ``sqlite.path`` (with
-    ``sqlite.table``, ``sqlite.dedupe``) for :class:`~logsdk.sinks.SQLiteSink`;
+    ``sqlite.table``, ``sqlite.dedupe``, ``sqlite.synchronous``: OFF, NORMAL (the
+    default), FULL or EXTRA) for :class:`~logsdk.sinks.SQLiteSink`;
     ``sinkId`` (default: the query id); ``stagingDir`` (default: the temp dir; on a
     cluster it must be a filesystem the executors and the driver share).
     """

@@ -11,7 +11,9 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from spark_sink._sink import SinkOptions
+from logsdk.errors import SparkSourceError
+from logsdk.sinks import SQLiteSink
+from spark_sink._sink import SinkOptions, _decode_handler
 
 FD_DIR = Path("/proc/self/fd")
 
@@ -39,3 +41,23 @@ def test_sqlite_path_option_leaves_no_connection_open(tmp_path: Path) -> None:
         assert open_files_under(tmp_path) == []
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(("given", "level"), [(None, "NORMAL"), ("full", "FULL"), ("OFF", "OFF")])
+def test_sqlite_synchronous_option_sets_the_sinks_level(
+    tmp_path: Path, given: str | None, level: str
+) -> None:
+    """sqlite.synchronous (default NORMAL) is the level of the SQLiteSink each commit uses."""
+    options = {"sqlite.path": str(tmp_path / "sink.db")}
+    if given is not None:
+        options["sqlite.synchronous"] = given
+    handler = _decode_handler(SinkOptions.parse(options).handler)
+    assert isinstance(handler, SQLiteSink)
+    assert handler.synchronous == level
+
+
+def test_bad_sqlite_synchronous_is_named(tmp_path: Path) -> None:
+    """A level SQLite does not have fails with SparkSourceError naming the option."""
+    with pytest.raises(SparkSourceError, match=r"sqlite\.synchronous must be one of OFF, NORMAL"):
+        SinkOptions.parse({"sqlite.path": str(tmp_path / "s.db"), "sqlite.synchronous": "FAST"})
+    assert not (tmp_path / "s.db").exists()  # refused before the database is created
