@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from tests.spark.helpers import (
     assert_exactly,
     next_batch,
     stored_rows,
+    stored_values,
     wait_for,
 )
 
@@ -76,6 +78,26 @@ def test_two_available_now_runs_store_each_record_once(
     run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "two-runs"})
     assert_exactly(stored_rows(db), {(topic, p): 10_000 for p in range(3)})
     assert next_batch(db, "two-runs") == 5  # 8000+8000+4000, then 8000+2000
+
+
+def test_rows_without_kafka_columns_get_identities_that_never_repeat(
+    spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Rows that are not Kafka-shaped, 2 tasks x 3 batches: no (topic, partition, offset)
+    twice, and each source record stored once as JSON."""
+    topic = fresh_topic(2)
+    produce(kafka_broker.client_config("producer"), topic, 600, partitions=2)
+    db, ckpt = tmp_path / "sink.db", tmp_path / "ckpt"
+    df = source(spark, kafka_broker, topic, maxOffsetsPerTrigger="200")
+    plain = df.selectExpr("partition AS p", "offset AS o")
+    run_available_now(plain, ckpt, **{"sqlite.path": str(db), "sinkId": "plain"})
+    rows = stored_rows(db)
+    assert len(rows) == 600
+    assert len(set(rows)) == 600, f"{600 - len(set(rows))} rows share an identity"
+    assert {t for t, _, _ in rows} == {"plain"}
+    assert {o >> 32 for _, _, o in rows} == {0, 1, 2}  # the batch id, above the row index
+    got = sorted((doc["p"], doc["o"]) for doc in map(json.loads, stored_values(db)))
+    assert got == [(p, o) for p in range(2) for o in range(300)]
 
 
 def test_writer_failure_aborts_rolls_back_and_rerun_is_exactly_once(

@@ -141,6 +141,6 @@ def test_kafka_rows_with_a_finer_timestamp_are_truncated_to_milliseconds() -> No
             "timestamp": pa.array([1_700_000_000_001_999], pa.timestamp("us", tz="UTC")),
         }
     )
-    [record] = records_from_arrow(table, "s")
+    [record] = records_from_arrow(table, "s", batch_id=0, task=0)
     assert (record.topic, record.partition, record.offset) == ("logs", 0, 7)
     assert record.timestamp == 1_700_000_000_001

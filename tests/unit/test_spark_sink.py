@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from logsdk.errors import SparkSourceError
+from logsdk.errors import SinkError, SparkSourceError
 from logsdk.sinks import SQLiteSink
 from spark_sink._sink import SinkOptions, _decode_handler
 
@@ -61,3 +62,33 @@ def test_bad_sqlite_synchronous_is_named(tmp_path: Path) -> None:
     with pytest.raises(SparkSourceError, match=r"sqlite\.synchronous must be one of OFF, NORMAL"):
         SinkOptions.parse({"sqlite.path": str(tmp_path / "s.db"), "sqlite.synchronous": "FAST"})
     assert not (tmp_path / "s.db").exists()  # refused before the database is created
+
+
+def test_rows_without_kafka_columns_never_share_an_identity() -> None:
+    """Plain rows of two tasks in two batches get four disjoint sets of identities."""
+    import pyarrow as pa
+
+    from spark_sink._sink import records_from_arrow
+
+    table = pa.table({"level": ["INFO", "WARN", "ERROR"], "n": [1, 2, 3]})
+    seen = [
+        (r.topic, r.partition, r.offset)
+        for batch_id in (0, 1)
+        for task in (0, 1)
+        for r in records_from_arrow(table, "s", batch_id=batch_id, task=task)
+    ]
+    assert len(seen) == 12
+    assert len(set(seen)) == 12
+    [first] = records_from_arrow(table.slice(0, 1), "s", batch_id=5, task=3)
+    assert (first.topic, first.partition, first.offset) == ("s", 3, 5 << 32)
+    assert json.loads(first.value) == {"level": "INFO", "n": 1}
+
+
+def test_batch_id_too_large_for_a_row_identity_is_refused() -> None:
+    """A batch id whose identities would not fit a 64-bit offset raises SinkError."""
+    import pyarrow as pa
+
+    from spark_sink._sink import records_from_arrow
+
+    with pytest.raises(SinkError, match="batch id"):
+        records_from_arrow(pa.table({"n": [1]}), "s", batch_id=1 << 31, task=0)
