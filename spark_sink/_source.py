@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older 4.x: availableNow reads what lat
         """Stand-in on pyspark versions without the mixin."""
 
 
-from logsdk.errors import SparkSourceError
+from logsdk.errors import SourceUnavailableError, SparkSourceError
 from spark_sink._kafka import DriverClient, data_loss, read_range
 from spark_sink._options import (
     EARLIEST,
@@ -50,6 +50,8 @@ log = logging.getLogger("spark_sink")
 
 #: Seconds an answer of marks() is reused (see _Planner.marks).
 FRESH_S = 1.0
+
+T = TypeVar("T")
 
 #: Columns as Spark's own Kafka source has them (headers always included).
 SCHEMA = (
@@ -96,8 +98,29 @@ class _Planner:
         """
         now = time.monotonic()
         if self._marks is None or now - self._marks[0] > FRESH_S:
-            self._marks = (now, self.client.watermarks(self.client.partitions()))
+            fresh = self._retrying(lambda: self.client.watermarks(self.client.partitions()))
+            self._marks = (time.monotonic(), fresh)
         return dict(self._marks[1])
+
+    def _retrying(self, ask: Callable[[], T]) -> T:
+        """``ask()``, asked again after a transient error (``fetchOffset.numRetries``
+        times, ``fetchOffset.retryIntervalMs`` apart), as Spark's Kafka source does."""
+        retries, pause = self.options.fetch_retries, self.options.retry_interval_s
+        attempt = 0
+        while True:
+            try:
+                return ask()
+            except SourceUnavailableError as exc:
+                if attempt >= retries:
+                    raise SourceUnavailableError(
+                        f"{exc} (asked {attempt + 1} times, {pause:g}s apart: options "
+                        "fetchOffset.numRetries, fetchOffset.retryIntervalMs)"
+                    ) from exc
+                attempt += 1
+                log.warning(
+                    "%s; asking again in %gs (retry %d of %d)", exc, pause, attempt, retries
+                )
+                time.sleep(pause)  # a backoff between requests, not a wait for an event
 
     def resolve(
         self, given: str | dict[TP, int], marks: Mapping[TP, tuple[int, int]], name: str
@@ -140,7 +163,7 @@ class _Planner:
         missing = [tp for tp in end if tp not in start]
         begin = dict(start)
         if missing:
-            marks = self.client.watermarks(missing)
+            marks = self._retrying(lambda: self.client.watermarks(missing))
             begin.update({tp: marks[tp][0] for tp in missing})
         ranges = []
         for tp, until in sorted(end.items()):

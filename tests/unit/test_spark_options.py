@@ -76,6 +76,8 @@ def test_split_ranges_honours_min_partitions() -> None:
         ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"minPartitions": "lots"}, "minPartitions"),
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"fetchOffset.numRetries": "-1"}, "fetchOffset.numRetries must be an integer >= 0"),
+        ({"fetchOffset.retryIntervalMs": "0"}, "fetchOffset.retryIntervalMs"),
         ({"kafka.auto.offset.reset": "earliest"}, "kafka.auto.offset.reset"),
         ({"kafka.enable.partition.eof": "false"}, "kafka.enable.partition.eof"),
         ({"subscribePattern": "x"}, "exactly one of the options subscribe or subscribePattern"),
