@@ -188,11 +188,16 @@ class DriverClient:
         return ends
 
 
-def data_loss(options: SourceOptions, message: str) -> None:
-    """Raise DataLossError, or with ``failOnDataLoss=false`` log a warning and go on."""
+def data_loss(options: SourceOptions, message: str, *, instead: str | None = None) -> None:
+    """Raise DataLossError, or with ``failOnDataLoss=false`` log a warning and go on.
+
+    ``instead`` says what the source does then (default: skip the records).
+    """
     if options.fail_on_data_loss:
-        raise DataLossError(message + " (set failOnDataLoss=false to skip with a warning)")
-    log.warning("%s; skipped (failOnDataLoss=false)", message)
+        raise DataLossError(
+            f"{message} (set failOnDataLoss=false to {instead or 'skip'} with a warning)"
+        )
+    log.warning("%s; %s (failOnDataLoss=false)", message, instead or "skipped")
 
 
 def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBatch]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
+from logsdk.testing import delete_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from spark_sink import encode_handler, set_active
 from tests.consumer_helpers import produce
@@ -165,6 +166,27 @@ def test_query_sigkilled_mid_stream_resumes_from_checkpoint(
     df = source(spark, kafka_broker, topic, maxOffsetsPerTrigger="1500")
     run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "killed"})
     assert_exactly(stored_rows(db), {(topic, 0): 10_000, (topic, 1): 10_000})
+
+
+def test_recreated_topic_is_read_from_its_first_record(
+    spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """failOnDataLoss=false: the topic deleted and re-created with fewer records between two
+    runs (its offsets went back) is read from its first record, none of it skipped."""
+    topic = fresh_topic(2)
+    conf = kafka_broker.client_config("producer")
+    produce(conf, topic, 300, partitions=2)
+    db, ckpt = tmp_path / "sink.db", tmp_path / "ckpt"
+    df = source(spark, kafka_broker, topic, failOnDataLoss="false")
+    run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "recreated"})
+    assert len(stored_rows(db)) == 300
+
+    delete_topic(kafka_broker.bootstrap_servers, topic)
+    kafka_broker.create_topic(topic, 2)
+    produce(conf, topic, 100, partitions=2, start_seq=1000)  # offsets 0..49: below 150
+    run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "recreated"})
+    seqs = sorted(int(v.split(b":")[0]) for v in stored_values(db))
+    assert seqs == [*range(300), *range(1000, 1100)]
 
 
 def test_new_topics_matching_the_pattern_are_picked_up(

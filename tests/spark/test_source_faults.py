@@ -1,4 +1,4 @@
-"""logsdk-kafka's driver side against broker faults: metadata errors, deleted topics.
+"""logsdk-kafka's driver side against broker faults: metadata errors, deleted and re-created topics.
 
 These call the stream reader the way Spark's driver does (initialOffset, latestOffset,
 partitions) against a real broker, without a SparkSession: each is a fresh reader, as
@@ -107,3 +107,30 @@ def test_deleted_topic_is_still_data_loss(
     delete_topic(kafka_broker.bootstrap_servers, topic)
     with pytest.raises(DataLossError, match=rf"{topic}\[0\] is gone"):
         latest(stream_reader(kafka_broker.bootstrap_servers, **options), start)
+
+
+def test_recreated_topic_with_failondataloss_is_data_loss_naming_it(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """A checkpointed offset past the end of a re-created topic: DataLossError naming the
+    partition and the offsets; with failOnDataLoss=false the batch reads from earliest."""
+    topic = fresh_topic(1)
+    bootstrap = kafka_broker.bootstrap_servers
+    produce(kafka_broker.client_config("producer"), topic, 30, partitions=1)
+    options = {"subscribe": topic, "startingOffsets": "earliest"}
+    start = latest(stream_reader(bootstrap, **options), {topic: {"0": 0}})
+    assert start == {topic: {"0": 30}}
+    delete_topic(bootstrap, topic)
+    kafka_broker.create_topic(topic, 1)
+    produce(kafka_broker.client_config("producer"), topic, 10, partitions=1, start_seq=100)
+    with pytest.raises(DataLossError, match=rf"{topic}\[0\]: offset 30 is past the end 10"):
+        latest(stream_reader(bootstrap, **options), start)
+
+    reader = stream_reader(bootstrap, **options, failOnDataLoss="false")
+    try:
+        end = reader.latestOffset(start, ReadAllAvailable())
+        ranges = [p.range for p in reader.partitions(start, end)]
+    finally:
+        reader.stop()
+    assert end == {topic: {"0": 10}}
+    assert [(r.topic, r.partition, r.start, r.end) for r in ranges] == [(topic, 0, 0, 10)]
