@@ -27,7 +27,8 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     │   ├── DeadLetterError                  a poison record could not be written to the DLT
     │   ├── FencedError (retriable)          a revoked owner tried to commit: roll back, re-read
     │   └── SinkError                        a sink's store (SQLite) failed
-    └── DataLossError                        Spark source: offsets out of range (failOnDataLoss)
+    ├── DataLossError                        Spark source: offsets out of range (failOnDataLoss)
+    └── SourceUnavailableError (retriable)   Spark source: Kafka metadata/offsets unavailable
 
 Third-party errors (librdkafka, SQLite, OS) are translated once, where they
 happen, with ``raise ... from exc``.
@@ -186,3 +187,14 @@ class DataLossError(LogSDKError):
     Raised with ``failOnDataLoss=true`` (the default); the message names the partition,
     the offsets asked for and the offsets still available.
     """
+
+
+class SourceUnavailableError(LogSDKError):
+    """The Spark source could not get topic metadata or offsets from Kafka, retries included.
+
+    A broker unreachable, a request timing out, a topic listed with a transient error
+    (LEADER_NOT_AVAILABLE...): never taken for a deleted topic. Raised after
+    ``fetchOffset.numRetries`` retries; restarting the query later may succeed.
+    """
+
+    retriable = True

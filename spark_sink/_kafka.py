@@ -23,7 +23,7 @@ from confluent_kafka import (
 )
 
 from logsdk._types import ClientConfig
-from logsdk.errors import DataLossError, SparkSourceError
+from logsdk.errors import DataLossError, SourceUnavailableError, SparkSourceError
 from spark_sink._options import TP, OffsetRange, SourceOptions
 
 log = logging.getLogger("spark_sink")
@@ -47,6 +47,11 @@ CHUNK = 8192
 
 # librdkafka timestamp types -> Kafka's TimestampType ids, as Spark's source reports them.
 _TS_TYPE = {1: 0, 2: 1}
+
+# A topic listed with one of these errors does not exist (deleted, or never created).
+# Any other error is a state of a topic that exists (no leader yet, a broker restarting,
+# a request timed out): retried, never taken for a deletion.
+_NO_SUCH_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
 def consumer_config(options: SourceOptions, **extra: Any) -> ClientConfig:
@@ -85,21 +90,35 @@ class DriverClient:
             self._consumer = None
 
     def partitions(self, timeout: float = 15.0) -> list[TP]:
-        """Every partition of the subscribed topics (raises when a named topic is missing)."""
+        """Every partition of the subscribed topics (raises when a named topic is missing).
+
+        A topic absent from the listing, or listed as unknown, is gone; one listed with
+        any other error raises :class:`SourceUnavailableError` (transient), so that a
+        leader election or a broker restart is never taken for a deleted topic.
+        """
         try:
             md = self._get().list_topics(timeout=timeout)
         except KafkaException as exc:
-            raise SparkSourceError(
+            raise SourceUnavailableError(
                 f"cannot list topics at {self.options.bootstrap_servers} "
                 f"(option kafka.bootstrap.servers): {exc}"
             ) from exc
         found: list[TP] = []
+        unavailable: dict[str, str] = {}
         for name, topic in md.topics.items():
             if name.startswith("__") or not self.options.matches(name):
                 continue
             if topic.error is not None:
+                if topic.error.code() not in _NO_SUCH_TOPIC:
+                    unavailable[name] = topic.error.str()
                 continue
             found.extend((name, p) for p in topic.partitions)
+        if unavailable:
+            raise SourceUnavailableError(
+                "the broker listed topic(s) of the subscription with an error, so their "
+                "partitions are unknown for now (not deleted): "
+                + ", ".join(f"{t}: {e}" for t, e in sorted(unavailable.items()))
+            )
         missing = sorted(set(self.options.topics) - {t for t, _ in found})
         if missing:
             raise SparkSourceError(
@@ -123,7 +142,7 @@ class DriverClient:
                     TopicPartition(tp[0], tp[1]), timeout=timeout, cached=False
                 )
         except KafkaException as exc:
-            raise SparkSourceError(f"cannot read offsets of {tp[0]}[{tp[1]}]: {exc}") from exc
+            raise SourceUnavailableError(f"cannot read offsets of {tp[0]}[{tp[1]}]: {exc}") from exc
         todo = {tp: hi for tp, (lo, hi) in marks.items() if hi > lo}
         if todo:
             ends = self._confirm_ends(consumer, todo, marks, timeout)
@@ -146,7 +165,7 @@ class DriverClient:
         try:
             while pending:
                 if time.monotonic() > deadline:
-                    raise SparkSourceError(
+                    raise SourceUnavailableError(
                         f"could not confirm the end offsets of {sorted(pending)} within {timeout}s"
                     )
                 # consume() waits for all 10k or the timeout: keep the timeout short.
@@ -163,17 +182,22 @@ class DriverClient:
                     elif err.code() == KafkaError._AUTO_OFFSET_RESET:
                         pending.discard(tp)  # truncated meanwhile: keep ListOffsets' answer
                     else:
-                        raise SparkSourceError(f"reading the end of {tp[0]}[{tp[1]}]: {err}")
+                        raise SourceUnavailableError(f"reading the end of {tp[0]}[{tp[1]}]: {err}")
         finally:
             consumer.unassign()
         return ends
 
 
-def data_loss(options: SourceOptions, message: str) -> None:
-    """Raise DataLossError, or with ``failOnDataLoss=false`` log a warning and go on."""
+def data_loss(options: SourceOptions, message: str, *, instead: str | None = None) -> None:
+    """Raise DataLossError, or with ``failOnDataLoss=false`` log a warning and go on.
+
+    ``instead`` says what the source does then (default: skip the records).
+    """
     if options.fail_on_data_loss:
-        raise DataLossError(message + " (set failOnDataLoss=false to skip with a warning)")
-    log.warning("%s; skipped (failOnDataLoss=false)", message)
+        raise DataLossError(
+            f"{message} (set failOnDataLoss=false to {instead or 'skip'} with a warning)"
+        )
+    log.warning("%s; %s (failOnDataLoss=false)", message, instead or "skipped")
 
 
 def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBatch]:

@@ -46,6 +46,8 @@ _KNOWN = (
     "minpartitions",
     "includeheaders",
     "kafkaconsumer.polltimeoutms",
+    "fetchoffset.numretries",
+    "fetchoffset.retryintervalms",
 )
 
 # Options Spark itself may put into a source's options (``load(path)``).
@@ -67,6 +69,9 @@ class SourceOptions:
     min_partitions: int | None = None
     include_headers: bool = True
     poll_timeout_s: float = 120.0
+    #: Retries of the driver's metadata / offsets requests after a transient error.
+    fetch_retries: int = 3
+    retry_interval_s: float = 1.0
 
     @property
     def bootstrap_servers(self) -> str:
@@ -101,13 +106,14 @@ def _bool(name: str, text: str) -> bool:
     raise SparkSourceError(f"option {name} must be 'true' or 'false', got {text!r}")
 
 
-def _positive_int(name: str, text: str) -> int:
+def _int_option(name: str, text: str, *, lowest: int = 1) -> int:
     try:
         value = int(text.strip())
     except ValueError:
-        value = 0
-    if value < 1:
-        raise SparkSourceError(f"option {name} must be a positive integer, got {text!r}")
+        value = lowest - 1
+    if value < lowest:
+        kind = "a positive integer" if lowest == 1 else f"an integer >= {lowest}"
+        raise SparkSourceError(f"option {name} must be {kind}, got {text!r}")
     return value
 
 
@@ -183,7 +189,8 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
                 f"unknown option {key!r} for logsdk-kafka; known options: "
                 f"kafka.bootstrap.servers (and any kafka.<librdkafka setting>), subscribe, "
                 "subscribePattern, startingOffsets, endingOffsets, maxOffsetsPerTrigger, "
-                "failOnDataLoss, minPartitions, includeHeaders, kafkaConsumer.pollTimeoutMs"
+                "failOnDataLoss, minPartitions, includeHeaders, kafkaConsumer.pollTimeoutMs, "
+                "fetchOffset.numRetries, fetchOffset.retryIntervalMs"
             )
     if not str(kafka.get("bootstrap.servers", "")).strip():
         raise SparkSourceError("option kafka.bootstrap.servers is required (host:port,...)")
@@ -218,19 +225,24 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         starting=starting,
         ending=ending,
         max_offsets_per_trigger=(
-            _positive_int("maxOffsetsPerTrigger", opts["maxoffsetspertrigger"])
+            _int_option("maxOffsetsPerTrigger", opts["maxoffsetspertrigger"])
             if "maxoffsetspertrigger" in opts
             else None
         ),
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
         min_partitions=(
-            _positive_int("minPartitions", opts["minpartitions"])
-            if "minpartitions" in opts
-            else None
+            _int_option("minPartitions", opts["minpartitions"]) if "minpartitions" in opts else None
         ),
         include_headers=_bool("includeHeaders", opts.get("includeheaders", "true")),
-        poll_timeout_s=_positive_int(
+        poll_timeout_s=_int_option(
             "kafkaConsumer.pollTimeoutMs", opts.get("kafkaconsumer.polltimeoutms", "120000")
+        )
+        / 1000.0,
+        fetch_retries=_int_option(
+            "fetchOffset.numRetries", opts.get("fetchoffset.numretries", "3"), lowest=0
+        ),
+        retry_interval_s=_int_option(
+            "fetchOffset.retryIntervalMs", opts.get("fetchoffset.retryintervalms", "1000")
         )
         / 1000.0,
     )

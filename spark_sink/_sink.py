@@ -51,17 +51,24 @@ log = logging.getLogger("spark_sink")
 BATCH_TOPIC_PREFIX = "spark-batch:"
 
 _KAFKA_COLUMNS = {"topic", "partition", "offset", "value"}
+#: A row without the Kafka columns gets offset ``batch_id << ROW_BITS | row index``.
+ROW_BITS = 32
+#: Batch ids whose row offsets still fit a signed 64-bit offset.
+_MAX_BATCH_ID = 1 << (63 - ROW_BITS)
 _HANDLER_PREFIX = "cloudpickle:"
 _SINK_OPTIONS = (
     "handler",
     "sqlite.path",
     "sqlite.table",
     "sqlite.dedupe",
+    "sqlite.synchronous",
     "sinkid",
     "stagingdir",
 )
 # Options Spark itself passes on to a sink.
 _SPARK_OWN = ("checkpointlocation", "path", "queryname")
+#: SQLite's ``PRAGMA synchronous`` levels, as SQLiteSink takes them.
+_SQLITE_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 def batch_partition(sink_id: str) -> tuple[str, int]:
@@ -116,13 +123,18 @@ def apply_batch(
     return True
 
 
-def records_from_arrow(table: pa.Table | pa.RecordBatch, sink_id: str) -> list[Record]:
+def records_from_arrow(
+    table: pa.Table | pa.RecordBatch, sink_id: str, *, batch_id: int, task: int
+) -> list[Record]:
     """Rows as :class:`~logsdk.Record`.
 
     Rows with Spark's Kafka columns (``topic``, ``partition``, ``offset``, ``value``;
     optionally ``key``, ``timestamp``, ``headers``) become the records they were read
-    as. Any other row becomes ``Record(topic=sink_id, partition=0, offset=<index in
-    the batch>, key=None, value=<the row as a JSON object>)``.
+    as. Any other row becomes ``Record(topic=sink_id, partition=task,
+    offset=batch_id << ROW_BITS | <index among the task's rows>, key=None,
+    value=<the row as a JSON object>)``: ``task`` is the Spark task's partition id
+    (unique within a batch), so no two rows of a sink ever share (topic, partition,
+    offset). An identity that would not fit a 64-bit offset raises :class:`SinkError`.
     """
     names = set(table.schema.names)
     n = table.num_rows
@@ -150,11 +162,19 @@ def records_from_arrow(table: pa.Table | pa.RecordBatch, sink_id: str) -> list[R
             )
             for i in range(n)
         ]
+    if not 0 <= batch_id < _MAX_BATCH_ID or not 0 <= task < 1 << 31 or n > 1 << ROW_BITS:
+        raise SinkError(
+            f"sink {sink_id}: rows without the Kafka columns need an identity (batch id "
+            f"{batch_id}, task {task}, {n} rows) and it does not fit: batch id must be "
+            f"below {_MAX_BATCH_ID}, task below 2**31, rows per task at most 2**{ROW_BITS}; "
+            "give the rows topic, partition, offset and value columns of their own"
+        )
+    base = batch_id << ROW_BITS
     return [
         Record(
             topic=sink_id,
-            partition=0,
-            offset=i,
+            partition=task,
+            offset=base + i,
             key=None,
             value=json.dumps(row, default=str, ensure_ascii=False).encode(),
         )
@@ -182,7 +202,7 @@ def _decode_handler(text: str) -> TransactionalHandler:
     if not text.startswith(_HANDLER_PREFIX):
         raise SparkSourceError(
             "option handler must come from spark_sink.encode_handler(handler) "
-            "(or use the options sqlite.path, sqlite.table, sqlite.dedupe)"
+            "(or use the options sqlite.path, sqlite.table, sqlite.dedupe, sqlite.synchronous)"
         )
     try:
         handler = cloudpickle.loads(base64.b64decode(text[len(_HANDLER_PREFIX) :]))
@@ -210,7 +230,7 @@ class SinkOptions:
                 raise SparkSourceError(
                     f"unknown option {key!r} for logsdk-sink; known options: handler "
                     "(from spark_sink.encode_handler), sqlite.path, sqlite.table, "
-                    "sqlite.dedupe, sinkId, stagingDir"
+                    "sqlite.dedupe, sqlite.synchronous, sinkId, stagingDir"
                 )
         if ("handler" in opts) == ("sqlite.path" in opts):
             raise SparkSourceError("give exactly one of the options handler or sqlite.path")
@@ -220,13 +240,26 @@ class SinkOptions:
             dedupe = opts.get("sqlite.dedupe", "false").lower()
             if dedupe not in ("true", "false"):
                 raise SparkSourceError(f"option sqlite.dedupe must be true or false: {dedupe!r}")
+            synchronous = opts.get("sqlite.synchronous", "NORMAL").strip().upper()
+            if synchronous not in _SQLITE_SYNCHRONOUS:
+                raise SparkSourceError(
+                    f"option sqlite.synchronous must be one of {', '.join(_SQLITE_SYNCHRONOUS)} "
+                    f"(SQLite's PRAGMA synchronous; FULL survives power loss), "
+                    f"got {opts['sqlite.synchronous']!r}"
+                )
             path = os.path.abspath(opts["sqlite.path"])
-            handler = encode_handler(
-                SQLiteSink(path, table=opts.get("sqlite.table", "records"), dedupe=dedupe == "true")
-            )
+            # The constructor opens the database (creating file and tables, so a bad
+            # path fails at start()); the pickled copy reconnects where it is used.
+            with SQLiteSink(
+                path,
+                table=opts.get("sqlite.table", "records"),
+                dedupe=dedupe == "true",
+                synchronous=synchronous,
+            ) as sink:
+                handler = encode_handler(sink)
         else:
             handler = opts["handler"]
-            _decode_handler(handler)  # fail at start(), not at the first commit
+            _close(_decode_handler(handler))  # fail at start(), not at the first commit
         sink_id = opts.get("sinkid")
         if sink_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", sink_id):
             raise SparkSourceError(
@@ -238,11 +271,13 @@ class SinkOptions:
 
 @dataclass
 class StagedBatch(WriterCommitMessage):
-    """What one write task staged: its file (None when it saw no row) and row count."""
+    """What one write task staged: its file (None when it saw no row), row count, and
+    the task's partition id (part of the identity of rows without Kafka columns)."""
 
     path: str | None
     rows: int
     sink_id: str
+    task: int
 
 
 class HandlerStreamWriter(DataSourceStreamArrowWriter):
@@ -282,9 +317,9 @@ class HandlerStreamWriter(DataSourceStreamArrowWriter):
             if writer is not None:
                 writer.close()
         if writer is None:
-            return StagedBatch(None, 0, sink_id)
+            return StagedBatch(None, 0, sink_id, ctx.partitionId())
         os.replace(tmp, folder / name)
-        return StagedBatch(str(folder / name), rows, sink_id)
+        return StagedBatch(str(folder / name), rows, sink_id, ctx.partitionId())
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Apply the batch through the handler (once per batch id), then drop its files."""
@@ -294,8 +329,8 @@ class HandlerStreamWriter(DataSourceStreamArrowWriter):
             return  # no task ran: nothing to apply and no sink id to record it under
         handler = _decode_handler(self.options.handler)
         try:
-            paths = [m.path for m in staged if m.path is not None]
-            apply_batch(handler, sink_id, batchId, lambda: _load(paths, sink_id))
+            files = [(m.path, m.task) for m in staged if m.path is not None]
+            apply_batch(handler, sink_id, batchId, lambda: _load(files, sink_id, batchId))
         finally:
             _close(handler)
         # Applied (or found applied): this batch's files and any left by older
@@ -317,12 +352,13 @@ class HandlerStreamWriter(DataSourceStreamArrowWriter):
             shutil.rmtree(self._batch_dir(sink_id, batchId), ignore_errors=True)
 
 
-def _load(paths: list[str], sink_id: str) -> list[Record]:
+def _load(files: list[tuple[str, int]], sink_id: str, batch_id: int) -> list[Record]:
+    """The records of a batch's staged files, given as (path, task's partition id)."""
     records: list[Record] = []
-    for path in paths:
+    for path, task in files:
         with pa.OSFile(path, "rb") as f:
             table = pa.ipc.open_stream(f).read_all()
-        records.extend(records_from_arrow(table, sink_id))
+        records.extend(records_from_arrow(table, sink_id, batch_id=batch_id, task=task))
     return records
 
 
@@ -336,7 +372,8 @@ class HandlerSink(DataSource):
     """``df.writeStream.format("logsdk-sink")``: exactly-once into a TransactionalHandler.
 
     Options: ``handler`` (from :func:`encode_handler`) or ``sqlite.path`` (with
-    ``sqlite.table``, ``sqlite.dedupe``) for :class:`~logsdk.sinks.SQLiteSink`;
+    ``sqlite.table``, ``sqlite.dedupe``, ``sqlite.synchronous``: OFF, NORMAL (the
+    default), FULL or EXTRA) for :class:`~logsdk.sinks.SQLiteSink`;
     ``sinkId`` (default: the query id); ``stagingDir`` (default: the temp dir; on a
     cluster it must be a filesystem the executors and the driver share).
     """
@@ -385,6 +422,7 @@ class ForeachBatchSink:
 
         def load() -> list[Record]:
             frame = self.transform(df) if self.transform is not None else df
-            return records_from_arrow(frame.toArrow(), self.sink_id)
+            # The whole batch is one driver-side task: partition 0.
+            return records_from_arrow(frame.toArrow(), self.sink_id, batch_id=batch_id, task=0)
 
         apply_batch(self.handler, self.sink_id, batch_id, load)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older 4.x: availableNow reads what lat
         """Stand-in on pyspark versions without the mixin."""
 
 
-from logsdk.errors import SparkSourceError
+from logsdk.errors import SourceUnavailableError, SparkSourceError
 from spark_sink._kafka import DriverClient, data_loss, read_range
 from spark_sink._options import (
     EARLIEST,
@@ -50,6 +50,8 @@ log = logging.getLogger("spark_sink")
 
 #: Seconds an answer of marks() is reused (see _Planner.marks).
 FRESH_S = 1.0
+
+T = TypeVar("T")
 
 #: Columns as Spark's own Kafka source has them (headers always included).
 SCHEMA = (
@@ -96,8 +98,29 @@ class _Planner:
         """
         now = time.monotonic()
         if self._marks is None or now - self._marks[0] > FRESH_S:
-            self._marks = (now, self.client.watermarks(self.client.partitions()))
+            fresh = self._retrying(lambda: self.client.watermarks(self.client.partitions()))
+            self._marks = (time.monotonic(), fresh)
         return dict(self._marks[1])
+
+    def _retrying(self, ask: Callable[[], T]) -> T:
+        """``ask()``, asked again after a transient error (``fetchOffset.numRetries``
+        times, ``fetchOffset.retryIntervalMs`` apart), as Spark's Kafka source does."""
+        retries, pause = self.options.fetch_retries, self.options.retry_interval_s
+        attempt = 0
+        while True:
+            try:
+                return ask()
+            except SourceUnavailableError as exc:
+                if attempt >= retries:
+                    raise SourceUnavailableError(
+                        f"{exc} (asked {attempt + 1} times, {pause:g}s apart: options "
+                        "fetchOffset.numRetries, fetchOffset.retryIntervalMs)"
+                    ) from exc
+                attempt += 1
+                log.warning(
+                    "%s; asking again in %gs (retry %d of %d)", exc, pause, attempt, retries
+                )
+                time.sleep(pause)  # a backoff between requests, not a wait for an event
 
     def resolve(
         self, given: str | dict[TP, int], marks: Mapping[TP, tuple[int, int]], name: str
@@ -135,19 +158,29 @@ class _Planner:
             self._client.close()
             self._client = None
 
-    def plan(self, start: Mapping[TP, int], end: Mapping[TP, int]) -> list[KafkaInputPartition]:
-        """Input partitions for ``[start, end)``; new partitions start at their earliest."""
-        missing = [tp for tp in end if tp not in start]
+    def plan(
+        self, start: Mapping[TP, int], end: Mapping[TP, int], *, rewound_from_earliest: bool = False
+    ) -> list[KafkaInputPartition]:
+        """Input partitions for ``[start, end)``; new partitions start at their earliest.
+
+        With ``rewound_from_earliest`` (a stream) an end below its start is a partition
+        whose offsets went back (see ``_settle``): it is read from its earliest offset
+        up to that end. Otherwise such a partition reads nothing.
+        """
         begin = dict(start)
-        if missing:
-            marks = self.client.watermarks(missing)
-            begin.update({tp: marks[tp][0] for tp in missing})
+        missing = [tp for tp in end if tp not in start]
+        rewound = [tp for tp in end if tp in start and end[tp] < start[tp]]
+        ask = missing + (rewound if rewound_from_earliest else [])
+        if ask:
+            marks = self._retrying(lambda: self.client.watermarks(ask))
+            begin.update({tp: marks[tp][0] for tp in ask})
         ranges = []
         for tp, until in sorted(end.items()):
             frm = begin[tp]
+            if tp in rewound and rewound_from_earliest:
+                log.info("%s[%d]: offsets went back: reading %d..%d", *tp, frm, until - 1)
             if until < frm:
-                # Only planned when failOnDataLoss=false accepted it in latestOffset.
-                log.info("%s[%d]: offset went back from %d to %d; nothing read", *tp, frm, until)
+                log.info("%s[%d]: end %d is below the start %d; nothing read", *tp, until, frm)
                 continue
             ranges.append(OffsetRange(tp[0], tp[1], frm, until))
         return [KafkaInputPartition(r) for r in split_ranges(ranges, self.options.min_partitions)]
@@ -165,11 +198,23 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
         self._target: dict[TP, tuple[int, int]] | None = None
 
     def initialOffset(self) -> dict[str, dict[str, int]]:
-        """Where a new query starts (``startingOffsets``, default latest)."""
+        """Where a new query starts (``startingOffsets``, default latest).
+
+        An offset given past a partition's end is data loss; with ``failOnDataLoss=false``
+        that partition starts at its end (as in Spark's Kafka source).
+        """
         marks = self.marks()
-        return to_json_dict(
-            self.resolve(self.options.starting or "latest", marks, "startingOffsets")
-        )
+        start = self.resolve(self.options.starting or "latest", marks, "startingOffsets")
+        for tp, (low, end) in sorted(marks.items()):
+            if start[tp] > end:
+                data_loss(
+                    self.options,
+                    f"{tp[0]}[{tp[1]}]: offset {start[tp]} is past the end {end} (option "
+                    f"startingOffsets); offsets {low}..{end - 1} are available",
+                    instead=f"start at the end {end}",
+                )
+                start[tp] = end
+        return to_json_dict(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxOffsetsPerTrigger`` as a row limit, or everything available."""
@@ -183,8 +228,13 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
     def _settle(self, begin: dict[TP, int], marks: Mapping[TP, tuple[int, int]]) -> dict[TP, int]:
         """Where each partition of ``marks`` can go: its end, never back from ``begin``.
 
-        Fills ``begin`` for new partitions (their earliest offset) and reports a
-        start past the end as data loss (resuming from the end when it is skipped).
+        Fills ``begin`` for new partitions (their earliest offset). A start past the end
+        means the partition's offsets went back (the topic was deleted and re-created
+        between two triggers, or its log was truncated): data loss, since records of
+        the old log not yet read are gone. With ``failOnDataLoss=false`` the partition
+        is read from its earliest offset: the end returned is then below the start,
+        which ``plan`` reads as "from earliest". The records of a re-created topic are
+        not skipped; a truncated log is read again from its start (duplicates, no loss).
         """
         latest: dict[TP, int] = {}
         for tp, (low, end) in marks.items():
@@ -194,11 +244,12 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
             elif begin[tp] > end:
                 data_loss(
                     self.options,
-                    f"{tp[0]}[{tp[1]}]: offset {begin[tp]} is past the end {end} (the topic "
-                    f"was re-created, or startingOffsets points past the end); "
-                    f"offsets {low}..{end - 1} are available",
+                    f"{tp[0]}[{tp[1]}]: offset {begin[tp]} is past the end {end}: its offsets "
+                    f"went back (topic deleted and re-created?); records of the old log not "
+                    f"yet read are gone; offsets {low}..{end - 1} are available",
+                    instead=f"read it from its earliest offset {low}",
                 )
-                begin[tp] = end  # failOnDataLoss=false: resume from the current end
+                begin[tp] = low
             latest[tp] = max(begin[tp], end)
         return latest
 
@@ -221,7 +272,7 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Ranges ``[start, end)`` per partition, split per ``minPartitions``."""
-        return self.plan(from_json_dict(start), from_json_dict(end))
+        return self.plan(from_json_dict(start), from_json_dict(end), rewound_from_earliest=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Read one range on an executor (assign + seek, Arrow record batches)."""

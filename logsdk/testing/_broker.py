@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -426,6 +426,23 @@ class EmbeddedBroker:
     def produce_drops_done(self) -> int:
         """Produce requests lost by :meth:`drop_produce_as_duplicate` so far."""
         return self._need_proxy("produce_drops_done").produce_drops_done
+
+    def fail_metadata(
+        self,
+        count: int = 1,
+        *,
+        error_code: int = 5,
+        topics: Iterable[str] | None = None,
+    ) -> None:
+        """Set ``error_code`` (default 5, LEADER_NOT_AVAILABLE) on ``topics`` (default
+        all) in the next ``count`` responses to all-topics Metadata requests: a topic
+        listed with a transient error while it still exists (needs ``proxy=True``)."""
+        self._need_proxy("fail_metadata").fail_metadata(count, error_code=error_code, topics=topics)
+
+    @property
+    def metadata_faults_done(self) -> int:
+        """Metadata responses changed by :meth:`fail_metadata` so far."""
+        return self._need_proxy("metadata_faults_done").metadata_faults_done
 
     @property
     def produce_versions(self) -> frozenset[int]:

@@ -24,6 +24,15 @@ librdkafka numbers a batch's delivery reports from the base offset: with -1 the
 first record reports offset -1 (``Message.offset()`` returns None in Python) and
 the others 0, 1, 2...: offsets that look valid but belong to other records.
 
+``fail_metadata(n, error_code)`` sets ``error_code`` (LEADER_NOT_AVAILABLE unless
+told) on the topics of the next ``n`` responses to all-topics Metadata requests
+(what ``list_topics()`` sends): the broker keeps the topics, the client sees them
+listed with an error, as while a leader is being elected. Requests for named
+topics (librdkafka's own refreshes) pass unchanged, so the count goes to the
+caller that lists topics. It counts responses, not calls: librdkafka may send a
+fresh client's first ``list_topics()`` twice (on the bootstrap connection, then
+again on the broker's own), and then one call uses two.
+
 Everything else passes through unchanged. The proxy splits both directions into
 Kafka frames (an int32 size, then the message) to know each request's
 correlation id, so that a response it makes up is sent only after the responses
@@ -39,7 +48,7 @@ import socket
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 log = logging.getLogger("logsdk.testing.proxy")
@@ -47,6 +56,12 @@ log = logging.getLogger("logsdk.testing.proxy")
 #: Kafka's ApiKey of ProduceRequest and the error DUPLICATE_SEQUENCE_NUMBER.
 PRODUCE = 0
 DUPLICATE_SEQUENCE_NUMBER = 46
+#: Kafka's ApiKey of MetadataRequest and the error LEADER_NOT_AVAILABLE.
+METADATA = 3
+LEADER_NOT_AVAILABLE = 5
+#: MetadataRequest/Response versions this proxy can decode (flexible from 9, topic ids
+#: from 10); others pass unchanged.
+_METADATA_MIN, _METADATA_FLEXIBLE, _METADATA_TOPIC_ID, _METADATA_MAX = 1, 9, 10, 13
 #: ProduceRequest/Response versions this proxy can decode and answer (flexible from 9,
 #: topics named by id instead of name from 13).
 _PRODUCE_MIN, _PRODUCE_FLEXIBLE, _PRODUCE_TOPIC_ID, _PRODUCE_MAX = 3, 9, 13, 13
@@ -285,6 +300,75 @@ def _duplicate_response(req: _ProduceRequest, error_code: int = DUPLICATE_SEQUEN
     return struct.pack(">i", len(out)) + bytes(out)
 
 
+def _metadata_all_topics(frame: bytes) -> int | None:
+    """The version of a MetadataRequest for all topics (topics null), else None."""
+    try:
+        d = _Decoder(frame)
+        api_key, version = d.int16(), d.int16()
+        if api_key != METADATA or not _METADATA_MIN <= version <= _METADATA_MAX:
+            return None
+        d.int32()  # correlation id
+        d.string(flexible=False)  # client_id: a plain int16 string even in header v2
+        flexible = version >= _METADATA_FLEXIBLE
+        if flexible:
+            d.skip_tags()
+        return version if d.array_len(flexible) < 0 else None
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def _metadata_topic_errors(frame: bytes, version: int) -> list[tuple[int, str | None]]:
+    """Where each topic's error code sits in a MetadataResponse frame, with its name."""
+    flexible = version >= _METADATA_FLEXIBLE
+    d = _Decoder(frame)
+    d.int32()  # correlation id
+    if flexible:
+        d.skip_tags()  # response header v1
+    if version >= 3:
+        d.int32()  # throttle_time_ms
+
+    def skip_int32_array() -> None:
+        for _ in range(max(d.array_len(flexible), 0)):
+            d.int32()
+
+    for _ in range(max(d.array_len(flexible), 0)):  # brokers
+        d.int32()  # node id
+        d.string(flexible)  # host
+        d.int32()  # port
+        d.string(flexible)  # rack (v1+)
+        if flexible:
+            d.skip_tags()
+    if version >= 2:
+        d.string(flexible)  # cluster id
+    d.int32()  # controller id (v1+)
+    found: list[tuple[int, str | None]] = []
+    for _ in range(max(d.array_len(flexible), 0)):  # topics
+        at = d.pos
+        d.int16()  # error code
+        name = d.string(flexible)
+        if version >= _METADATA_TOPIC_ID:
+            d.uuid()
+        d._take(1)  # is_internal (v1+)
+        for _ in range(max(d.array_len(flexible), 0)):  # partitions
+            d.int16()  # error code
+            d.int32()  # partition index
+            d.int32()  # leader id
+            if version >= 7:
+                d.int32()  # leader epoch
+            skip_int32_array()  # replicas
+            skip_int32_array()  # isr
+            if version >= 5:
+                skip_int32_array()  # offline replicas
+            if flexible:
+                d.skip_tags()
+        if version >= 8:
+            d.int32()  # topic authorized operations
+        if flexible:
+            d.skip_tags()
+        found.append((at, name))
+    return found
+
+
 # -- the proxy --------------------------------------------------------------------------------
 
 
@@ -297,6 +381,8 @@ class _Conn:
     #: in its place]. The head is always a forwarded request: made-up answers at the
     #: head are sent at once.
     owed: deque[tuple[int, bytes | None]] = field(default_factory=deque)
+    #: correlation id -> version of the all-topics Metadata requests awaiting an answer.
+    metadata: dict[int, int] = field(default_factory=dict)
 
 
 class TcpProxy:
@@ -314,6 +400,10 @@ class TcpProxy:
         self._drops_armed = 0
         self._drops_done = 0
         self._produce_versions: set[int] = set()
+        self._meta_armed = 0
+        self._meta_done = 0
+        self._meta_error = LEADER_NOT_AVAILABLE
+        self._meta_topics: frozenset[str] | None = None
         # (producer id, epoch, topic, partition) -> [(base sequence, records)] of the
         # batches lost by drop_produce_as_duplicate (event loop thread only).
         self._lost: dict[tuple[int, int, _Topic, int], list[tuple[int, int]]] = {}
@@ -340,6 +430,60 @@ class TcpProxy:
         """ProduceRequest versions seen so far (what the clients negotiated)."""
         with self._lock:
             return frozenset(self._produce_versions)
+
+    @property
+    def metadata_faults_done(self) -> int:
+        """Metadata responses :meth:`fail_metadata` has changed so far."""
+        with self._lock:
+            return self._meta_done
+
+    def fail_metadata(
+        self,
+        count: int = 1,
+        *,
+        error_code: int = LEADER_NOT_AVAILABLE,
+        topics: Iterable[str] | None = None,
+    ) -> None:
+        """Set ``error_code`` on ``topics`` (default: every topic) in the next ``count``
+        responses to all-topics Metadata requests that list one of them.
+
+        The broker's answer is otherwise passed as it was. Replaces any faults still
+        armed (count 0 disarms).
+        """
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count!r}")
+        if not -32768 <= error_code <= 32767:
+            raise ValueError(f"error_code must be a Kafka error code (int16), got {error_code!r}")
+        with self._lock:
+            self._meta_armed = count
+            self._meta_error = error_code
+            self._meta_topics = None if topics is None else frozenset(topics)
+        log.info("armed: the next %d metadata response(s) get error %d", count, error_code)
+
+    def _fail_metadata(self, frame: bytes, version: int) -> bytes:
+        """``frame`` with the armed error set on its topics, while faults are armed."""
+        with self._lock:
+            if self._meta_armed <= 0:
+                return frame
+            error, wanted = self._meta_error, self._meta_topics
+        try:
+            spots = _metadata_topic_errors(frame, version)
+        except (IndexError, struct.error, UnicodeDecodeError):
+            log.warning("metadata response v%d not understood; passed unchanged", version)
+            return frame
+        hit = [(at, name) for at, name in spots if wanted is None or name in wanted]
+        if not hit:
+            return frame
+        with self._lock:
+            if self._meta_armed <= 0:
+                return frame
+            self._meta_armed -= 1
+            self._meta_done += 1
+        buf = bytearray(frame)
+        for at, _ in hit:
+            struct.pack_into(">h", buf, at, error)
+        log.info("metadata response v%d: error %d set on %s", version, error, [n for _, n in hit])
+        return bytes(buf)
 
     def drop_produce_as_duplicate(self, count: int = 1) -> None:
         """Swallow the next ``count`` ProduceRequests and answer each with
@@ -509,6 +653,8 @@ class TcpProxy:
                 return [head, frame]
             api_key, _, correlation_id = struct.unpack_from(">hhi", frame)
             if api_key != PRODUCE:
+                if api_key == METADATA and (version := _metadata_all_topics(frame)) is not None:
+                    conn.metadata[correlation_id] = version
                 conn.owed.append((correlation_id, None))
                 return [head, frame]
             req = _parse_produce(frame)
@@ -534,6 +680,9 @@ class TcpProxy:
             if len(frame) < 4:
                 return [head, frame]
             (correlation_id,) = struct.unpack_from(">i", frame)
+            version = conn.metadata.pop(correlation_id, None)
+            if version is not None:
+                frame = self._fail_metadata(frame, version)
             if conn.owed and conn.owed[0][0] == correlation_id:
                 conn.owed.popleft()
             else:

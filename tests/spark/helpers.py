@@ -43,6 +43,15 @@ def stored_rows(db: Path, table: str = "records") -> list[tuple[str, int, int]]:
         conn.close()
 
 
+def stored_values(db: Path, table: str = "records") -> list[bytes]:
+    """The value of every row in the sink table, in no particular order."""
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        return [bytes(v) for (v,) in conn.execute(f"SELECT value FROM [{table}]")]
+    finally:
+        conn.close()
+
+
 def next_batch(db: Path, sink_id: str) -> int:
     """The next batch id SQLiteSink at ``db`` stores for ``sink_id`` (0 before any)."""
     if not db.exists():

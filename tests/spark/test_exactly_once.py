@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
+from logsdk.testing import delete_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from spark_sink import encode_handler, set_active
 from tests.consumer_helpers import produce
@@ -22,6 +24,7 @@ from tests.spark.helpers import (
     assert_exactly,
     next_batch,
     stored_rows,
+    stored_values,
     wait_for,
 )
 
@@ -76,6 +79,26 @@ def test_two_available_now_runs_store_each_record_once(
     run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "two-runs"})
     assert_exactly(stored_rows(db), {(topic, p): 10_000 for p in range(3)})
     assert next_batch(db, "two-runs") == 5  # 8000+8000+4000, then 8000+2000
+
+
+def test_rows_without_kafka_columns_get_identities_that_never_repeat(
+    spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Rows that are not Kafka-shaped, 2 tasks x 3 batches: no (topic, partition, offset)
+    twice, and each source record stored once as JSON."""
+    topic = fresh_topic(2)
+    produce(kafka_broker.client_config("producer"), topic, 600, partitions=2)
+    db, ckpt = tmp_path / "sink.db", tmp_path / "ckpt"
+    df = source(spark, kafka_broker, topic, maxOffsetsPerTrigger="200")
+    plain = df.selectExpr("partition AS p", "offset AS o")
+    run_available_now(plain, ckpt, **{"sqlite.path": str(db), "sinkId": "plain"})
+    rows = stored_rows(db)
+    assert len(rows) == 600
+    assert len(set(rows)) == 600, f"{600 - len(set(rows))} rows share an identity"
+    assert {t for t, _, _ in rows} == {"plain"}
+    assert {o >> 32 for _, _, o in rows} == {0, 1, 2}  # the batch id, above the row index
+    got = sorted((doc["p"], doc["o"]) for doc in map(json.loads, stored_values(db)))
+    assert got == [(p, o) for p in range(2) for o in range(300)]
 
 
 def test_writer_failure_aborts_rolls_back_and_rerun_is_exactly_once(
@@ -143,6 +166,27 @@ def test_query_sigkilled_mid_stream_resumes_from_checkpoint(
     df = source(spark, kafka_broker, topic, maxOffsetsPerTrigger="1500")
     run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "killed"})
     assert_exactly(stored_rows(db), {(topic, 0): 10_000, (topic, 1): 10_000})
+
+
+def test_recreated_topic_is_read_from_its_first_record(
+    spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """failOnDataLoss=false: the topic deleted and re-created with fewer records between two
+    runs (its offsets went back) is read from its first record, none of it skipped."""
+    topic = fresh_topic(2)
+    conf = kafka_broker.client_config("producer")
+    produce(conf, topic, 300, partitions=2)
+    db, ckpt = tmp_path / "sink.db", tmp_path / "ckpt"
+    df = source(spark, kafka_broker, topic, failOnDataLoss="false")
+    run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "recreated"})
+    assert len(stored_rows(db)) == 300
+
+    delete_topic(kafka_broker.bootstrap_servers, topic)
+    kafka_broker.create_topic(topic, 2)
+    produce(conf, topic, 100, partitions=2, start_seq=1000)  # offsets 0..49: below 150
+    run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "recreated"})
+    seqs = sorted(int(v.split(b":")[0]) for v in stored_values(db))
+    assert seqs == [*range(300), *range(1000, 1100)]
 
 
 def test_new_topics_matching_the_pattern_are_picked_up(

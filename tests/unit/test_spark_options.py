@@ -76,6 +76,8 @@ def test_split_ranges_honours_min_partitions() -> None:
         ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"minPartitions": "lots"}, "minPartitions"),
         ({"failOnDataLoss": "maybe"}, "failOnDataLoss"),
+        ({"fetchOffset.numRetries": "-1"}, "fetchOffset.numRetries must be an integer >= 0"),
+        ({"fetchOffset.retryIntervalMs": "0"}, "fetchOffset.retryIntervalMs"),
         ({"kafka.auto.offset.reset": "earliest"}, "kafka.auto.offset.reset"),
         ({"kafka.enable.partition.eof": "false"}, "kafka.enable.partition.eof"),
         ({"subscribePattern": "x"}, "exactly one of the options subscribe or subscribePattern"),
@@ -141,6 +143,6 @@ def test_kafka_rows_with_a_finer_timestamp_are_truncated_to_milliseconds() -> No
             "timestamp": pa.array([1_700_000_000_001_999], pa.timestamp("us", tz="UTC")),
         }
     )
-    [record] = records_from_arrow(table, "s")
+    [record] = records_from_arrow(table, "s", batch_id=0, task=0)
     assert (record.topic, record.partition, record.offset) == ("logs", 0, 7)
     assert record.timestamp == 1_700_000_000_001
