@@ -234,6 +234,13 @@ class SinkOptions:
                 )
         if ("handler" in opts) == ("sqlite.path" in opts):
             raise SparkSourceError("give exactly one of the options handler or sqlite.path")
+        if "handler" in opts:
+            ignored = sorted(k for k in opts if k.startswith("sqlite."))
+            if ignored:
+                raise SparkSourceError(
+                    f"option(s) {', '.join(ignored)} apply only with sqlite.path; with handler, "
+                    "configure the handler itself before spark_sink.encode_handler"
+                )
         if "sqlite.path" in opts:
             from logsdk.sinks import SQLiteSink
 

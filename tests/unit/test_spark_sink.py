@@ -92,3 +92,14 @@ def test_batch_id_too_large_for_a_row_identity_is_refused() -> None:
 
     with pytest.raises(SinkError, match="batch id"):
         records_from_arrow(pa.table({"n": [1]}), "s", batch_id=1 << 31, task=0)
+
+
+def test_sqlite_options_beside_a_handler_are_refused(tmp_path: Path) -> None:
+    """sqlite.* options configure the sink built from sqlite.path; beside a handler they
+    would be ignored silently, so start() refuses them, naming them."""
+    from spark_sink import encode_handler
+
+    with SQLiteSink(str(tmp_path / "h.db")) as sink:
+        handler = encode_handler(sink)
+    with pytest.raises(SparkSourceError, match=r"sqlite\.dedupe, sqlite\.table apply only"):
+        SinkOptions.parse({"handler": handler, "sqlite.table": "t", "sqlite.dedupe": "true"})
