@@ -1173,8 +1173,13 @@ class LogProducer:
                 # in before the rest (a smaller backlog record could fit the room left).
                 return False
         with self._lock:
-            n = min(len(self._backlog), _SPOOL_BATCH if limit is None else limit)
-            batch = [self._backlog.popleft() for _ in range(n)]
+            backlog = self._backlog
+            n = min(len(backlog), _SPOOL_BATCH if limit is None else limit)
+            if n == len(backlog):  # all of it (the usual case): copied in C, under the lock
+                batch = list(backlog)
+                backlog.clear()
+            else:
+                batch = [backlog.popleft() for _ in range(n)]
             # Counted until committed, so flush() never sees them as settled too early.
             self._in_transit = n
         if not batch:
