@@ -69,6 +69,14 @@ def consumer_config(options: SourceOptions, **extra: Any) -> ClientConfig:
     return conf
 
 
+def missing_topics_error(options: SourceOptions, missing: list[str]) -> SparkSourceError:
+    """The error for topics named in option ``subscribe`` that do not exist."""
+    return SparkSourceError(
+        f"topic(s) {missing} named in option subscribe do not exist at "
+        f"{options.bootstrap_servers}; create them first"
+    )
+
+
 class DriverClient:
     """Partition discovery and end offsets on the driver; created lazily, never pickled."""
 
@@ -89,8 +97,9 @@ class DriverClient:
             self._consumer.close()
             self._consumer = None
 
-    def partitions(self, timeout: float = 15.0) -> list[TP]:
-        """Every partition of the subscribed topics (raises when a named topic is missing).
+    def listing(self, timeout: float = 15.0) -> tuple[list[TP], list[str]]:
+        """Every partition of the subscribed topics, and the topics named in option
+        ``subscribe`` that the cluster does not have.
 
         A topic absent from the listing, or listed as unknown, is gone; one listed with
         any other error raises :class:`SourceUnavailableError` (transient), so that a
@@ -120,12 +129,7 @@ class DriverClient:
                 + ", ".join(f"{t}: {e}" for t, e in sorted(unavailable.items()))
             )
         missing = sorted(set(self.options.topics) - {t for t, _ in found})
-        if missing:
-            raise SparkSourceError(
-                f"topic(s) {missing} named in option subscribe do not exist at "
-                f"{self.options.bootstrap_servers}; create them first"
-            )
-        return sorted(found)
+        return sorted(found), missing
 
     def watermarks(self, tps: list[TP], timeout: float = 15.0) -> dict[TP, tuple[int, int]]:
         """``(earliest, true end)`` of each partition.

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - older 4.x: availableNow reads what lat
 
 
 from logsdk.errors import SourceUnavailableError, SparkSourceError
-from spark_sink._kafka import DriverClient, data_loss, read_range
+from spark_sink._kafka import DriverClient, data_loss, missing_topics_error, read_range
 from spark_sink._options import (
     EARLIEST,
     LATEST,
@@ -75,7 +75,8 @@ class _Planner:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._client: DriverClient | None = None
-        self._marks: tuple[float, dict[TP, tuple[int, int]]] | None = None
+        # (when, marks, topics named in subscribe that the cluster does not have)
+        self._marks: tuple[float, dict[TP, tuple[int, int]], list[str]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -90,17 +91,30 @@ class _Planner:
         return self._client
 
     def marks(self) -> dict[TP, tuple[int, int]]:
-        """``(earliest, true end)`` of every subscribed partition, at most FRESH_S old.
+        """``(earliest, true end)`` of every subscribed partition, at most FRESH_S old;
+        raises when a topic named in ``subscribe`` does not exist.
 
         Spark calls initialOffset, prepareForTriggerAvailableNow and latestOffset back
         to back; reusing an answer a moment old is safe (offsets only grow, and the
         next trigger reads the rest) and saves a round of I/O each time.
         """
+        marks, missing = self.marks_and_missing()
+        if missing:
+            raise missing_topics_error(self.options, missing)
+        return marks
+
+    def marks_and_missing(self) -> tuple[dict[TP, tuple[int, int]], list[str]]:
+        """:meth:`marks`, and the named topics that do not exist instead of an error."""
         now = time.monotonic()
         if self._marks is None or now - self._marks[0] > FRESH_S:
-            fresh = self._retrying(lambda: self.client.watermarks(self.client.partitions()))
-            self._marks = (time.monotonic(), fresh)
-        return dict(self._marks[1])
+
+            def ask() -> tuple[dict[TP, tuple[int, int]], list[str]]:
+                found, missing = self.client.listing()
+                return self.client.watermarks(found), missing
+
+            fresh, missing = self._retrying(ask)
+            self._marks = (time.monotonic(), fresh, missing)
+        return dict(self._marks[1]), list(self._marks[2])
 
     def _retrying(self, ask: Callable[[], T]) -> T:
         """``ask()``, asked again after a transient error (``fetchOffset.numRetries``
@@ -264,7 +278,11 @@ class KafkaStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailab
             for tp in begin:
                 latest.setdefault(tp, begin[tp])
             return to_json_dict(limit_end(begin, latest, max_rows))
-        marks = self.marks()
+        marks, missing = self.marks_and_missing()
+        never_read = sorted(set(missing) - {t for t, _ in begin})
+        if never_read:
+            raise missing_topics_error(self.options, never_read)
+        # A topic named in subscribe and deleted since it was read is gone like any other.
         for tp in sorted(set(begin) - set(marks)):
             data_loss(self.options, f"{tp[0]}[{tp[1]}] is gone (topic deleted?)")
             del begin[tp]

@@ -18,7 +18,7 @@ pytest.importorskip("pyarrow")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from logsdk.errors import DataLossError, SourceUnavailableError
+from logsdk.errors import DataLossError, SourceUnavailableError, SparkSourceError
 from logsdk.testing import EmbeddedBroker, create_topic, delete_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from spark_sink._options import parse_source_options
@@ -134,3 +134,30 @@ def test_recreated_topic_with_failondataloss_is_data_loss_naming_it(
         reader.stop()
     assert end == {topic: {"0": 10}}
     assert [(r.topic, r.partition, r.start, r.end) for r in ranges] == [(topic, 0, 0, 10)]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_topic_named_in_subscribe_and_deleted_is_data_loss(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], fail_on_data_loss: str
+) -> None:
+    """A topic named in option subscribe, read, then deleted: data loss like a topic of a
+    pattern (DataLossError naming the partition, or dropped with a warning), not the
+    "create them first" error of a query started on a topic that does not exist."""
+    topic, other = fresh_topic(1), fresh_topic(1)
+    produce(kafka_broker.client_config("producer"), topic, 10, partitions=1)
+    options = {
+        "subscribe": f"{topic},{other}",
+        "startingOffsets": "earliest",
+        "failOnDataLoss": fail_on_data_loss,
+    }
+    start = latest(stream_reader(kafka_broker.bootstrap_servers, **options), {})
+    assert start == {topic: {"0": 10}, other: {"0": 0}}
+    delete_topic(kafka_broker.bootstrap_servers, topic)
+    if fail_on_data_loss == "true":
+        with pytest.raises(DataLossError, match=rf"{topic}\[0\] is gone"):
+            latest(stream_reader(kafka_broker.bootstrap_servers, **options), start)
+    else:
+        end = latest(stream_reader(kafka_broker.bootstrap_servers, **options), start)
+        assert end == {other: {"0": 0}}
+    with pytest.raises(SparkSourceError, match="create them first"):
+        stream_reader(kafka_broker.bootstrap_servers, **options).initialOffset()
