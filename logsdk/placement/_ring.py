@@ -13,7 +13,9 @@ walk also skips a broker that already holds ``ceil(load_factor * fair share)`` o
 topic's replicas (leaders: of its leaders). The fair share is weight-proportional,
 water-filled so no rack takes more than one replica per partition while RF <= racks
 (racks of unequal size). When every broker the constraints allow is full, the walk takes
-the first one the hard constraints (distinct brokers, distinct racks) allow.
+the first one the hard constraints (distinct brokers, distinct racks) allow. Leaders are
+then evened out by reordering replicas within partitions (:func:`balance_leaders`, no
+data moves), so no broker leads more than its bound where the replicas allow it.
 ``load_factor=None`` is the plain ring of the seed.
 """
 
@@ -194,7 +196,10 @@ class HashRing:
         empty: dict[int, list[int | None]] = {
             p: [None] * replication_factor for p in range(partitions)
         }
-        return self._fill(topic, empty, *self._caps(partitions, replication_factor, load_factor))
+        cap, lcap = self._caps(partitions, replication_factor, load_factor)
+        out = self._fill(topic, empty, cap, lcap)
+        balance_leaders(out, lcap)
+        return out
 
     def _fill(
         self,
@@ -276,6 +281,7 @@ class HashRing:
                 reps[victim] = None
             slots[p] = reps
         load: Counter[int] = Counter(b for reps in slots.values() for b in reps if b is not None)
+        leaders: Counter[int] = Counter(reps[0] for reps in slots.values() if reps[0] is not None)
         n = len(self._keys)
         for r in range(replication_factor):
             for p, reps in slots.items():
@@ -294,22 +300,32 @@ class HashRing:
                         and node.id not in others
                         and (node.domain not in domains or len(domains) >= self._n_domains)
                         and load[node.id] < cap[node.id]
+                        and (r > 0 or leaders[node.id] < lcap[node.id])
                     ):
                         load[here] -= 1
                         load[node.id] += 1
+                        if r == 0:
+                            leaders[here] -= 1
+                            leaders[node.id] += 1
                         reps[r] = node.id
                         break
         if gained:
-            self._top_up(topic, slots, load, {self._owner_of[k] for k in gained}, cap)
-        return self._fill(topic, slots, cap, lcap)
+            self._top_up(
+                topic, slots, load, leaders, {self._owner_of[k] for k in gained}, cap, lcap
+            )
+        out = self._fill(topic, slots, cap, lcap)
+        balance_leaders(out, lcap)
+        return out
 
     def _top_up(
         self,
         topic: str,
         slots: dict[int, list[int | None]],
         load: Counter[int],
+        leaders: Counter[int],
         gainers: set[int],
         cap: Mapping[int, int],
+        lcap: Mapping[int, int],
     ) -> None:
         """Give each gaining broker its fair share, taking the replicas nearest its nodes.
 
@@ -346,12 +362,68 @@ class HashRing:
                 x = reps[r]
                 if x is None or g in reps or load[x] <= share[x]:
                     continue
+                if r == 0 and leaders[g] >= lcap[g]:
+                    continue
                 others = {self._domain[b] for i, b in enumerate(reps) if b is not None and i != r}
                 if g_domain in others and len(others) < self._n_domains:
                     continue
                 reps[r] = g
                 load[x] -= 1
                 load[g] += 1
+                if r == 0:
+                    leaders[x] -= 1
+                    leaders[g] += 1
+
+
+def balance_leaders(assignment: dict[int, list[int]], lcap: Mapping[int, int]) -> int:
+    """Reorder replicas so no broker is preferred leader of more than ``lcap`` partitions.
+
+    Only the order within a partition changes (no data moves): a partition whose leader
+    leads too many swaps its first replica with one on a broker below its bound, along
+    the shortest chain of such swaps (broker -> a partition it leads -> a follower of
+    it) when no single swap does. Stops where no chain exists. Returns the swaps made.
+    """
+    led: dict[int, set[int]] = {}
+    for p, reps in assignment.items():
+        if reps:
+            led.setdefault(reps[0], set()).add(p)
+    swaps = 0
+    for x in sorted(led):
+        while len(led[x]) > lcap.get(x, 0):
+            # Breadth-first over brokers: an edge u -> y is a partition u leads that y follows.
+            parent: dict[int, tuple[int, int]] = {}
+            frontier = [x]
+            sink: int | None = None
+            while frontier and sink is None:
+                nxt: list[int] = []
+                for u in frontier:
+                    for p in sorted(led.get(u, ())):
+                        for y in assignment[p][1:]:
+                            if y == x or y in parent:
+                                continue
+                            parent[y] = (u, p)
+                            if len(led.get(y, ())) < lcap.get(y, 0):
+                                sink = y
+                                break
+                            nxt.append(y)
+                        if sink is not None:
+                            break
+                    if sink is not None:
+                        break
+                frontier = nxt
+            if sink is None:
+                break
+            y = sink
+            while y != x:
+                u, p = parent[y]
+                reps = assignment[p]
+                i = reps.index(y)
+                reps[0], reps[i] = y, u
+                led[u].discard(p)
+                led.setdefault(y, set()).add(p)
+                swaps += 1
+                y = u
+    return swaps
 
 
 def ring_assignment(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from logsdk.placement import (
@@ -112,3 +114,28 @@ def test_plain_ring_is_the_seed_algorithm() -> None:
 def test_ring_is_deterministic() -> None:
     """The same cluster always gives the same ring plan."""
     assert plan(TWELVE, "ring") == plan(TWELVE, "ring")
+
+
+def _rack_blocks(sizes: tuple[int, ...]) -> tuple[Broker, ...]:
+    """Brokers in contiguous racks a, b, c... of the given sizes (the benchmark's layout)."""
+    out: list[Broker] = []
+    for rack, size in zip("abcdef", sizes, strict=False):
+        out += [Broker(len(out) + i, rack=rack) for i in range(size)]
+    return tuple(out)
+
+
+@pytest.mark.parametrize(("sizes", "source"), [((4, 4, 4), "kafka-rack"), ((5, 4, 3), "kafka")])
+def test_new_broker_leads_at_most_its_bound_from_kafka_current(
+    sizes: tuple[int, ...], source: str
+) -> None:
+    """Adding a broker to a Kafka-planned cluster: no broker leads more than 1.05x its share."""
+    before_brokers = _rack_blocks(sizes)
+    topic = Topic("logs", 600, 3)
+    before = plan(Cluster(before_brokers, (topic,)), source)  # type: ignore[arg-type]
+    brokers = (*before_brokers, Broker(12, rack="c"))
+    after = plan(Cluster(brokers, (topic,)), "ring", current=before, previous=before_brokers)
+    m = metrics(after, brokers, previous=before)
+    bound = math.ceil(1.05 * 600 / 13)  # 49
+    assert m.leaders[12] <= bound
+    assert m.leaders_max <= bound
+    assert m.rack_violations == 0
