@@ -13,7 +13,8 @@ walk also skips a broker that already holds ``ceil(load_factor * fair share)`` o
 topic's replicas (leaders: of its leaders). The fair share is weight-proportional,
 water-filled so no rack takes more than one replica per partition while RF <= racks
 (racks of unequal size). When every broker the constraints allow is full, the walk takes
-the first one the hard constraints (distinct brokers, distinct racks) allow. Leaders are
+the first one the hard constraints (distinct brokers, distinct racks) allow, and a repair
+pass then moves replicas from brokers above their bound to brokers below theirs. Leaders are
 then evened out by reordering replicas within partitions (:func:`balance_leaders`, no
 data moves), so no broker leads more than its bound where the replicas allow it.
 ``load_factor=None`` is the plain ring of the seed.
@@ -41,20 +42,41 @@ DEFAULT_LOAD_FACTOR = 1.05
 K = TypeVar("K", bound=Hashable)
 
 
-def water_fill(weights: Mapping[K, float], caps: Mapping[K, float], total: float) -> dict[K, float]:
-    """Split ``total`` in proportion to ``weights`` with no item above its cap."""
+def water_fill(
+    weights: Mapping[K, float],
+    caps: Mapping[K, float],
+    total: float,
+    floors: Mapping[K, float] | None = None,
+) -> dict[K, float]:
+    """Split ``total`` in proportion to ``weights``, each item within [floor, cap].
+
+    The split is ``clamp(level * weight, floor, cap)`` for the one level that sums to
+    ``total`` (which must lie between the floors' and the caps' sums). Items are pinned
+    to a bound round by round: when clamping the proportional split takes more off the
+    capped items than it adds to the floored ones, the level can only rise, so the
+    capped items stay capped; otherwise the level can only fall and the floored ones
+    stay floored.
+    """
+    lo = floors or {}
     share: dict[K, float] = {}
     free = dict(weights)
     remaining = total
     while free:
         w_sum = sum(free.values())
-        over = [k for k, w in free.items() if remaining * w / w_sum > caps[k]]
-        if not over:
-            share.update({k: remaining * w / w_sum for k, w in free.items()})
+        prop = {k: remaining * w / w_sum for k, w in free.items()}
+        over = [k for k, v in prop.items() if v > caps[k]]
+        under = [k for k, v in prop.items() if v < lo.get(k, 0.0)]
+        if not over and not under:
+            share.update(prop)
             break
-        for k in over:
-            share[k] = caps[k]
-            remaining -= caps[k]
+        excess = sum(prop[k] - caps[k] for k in over)
+        deficit = sum(lo.get(k, 0.0) - prop[k] for k in under)
+        pinned = {k: caps[k] for k in over} if excess >= deficit else {}
+        if excess <= deficit:
+            pinned.update({k: lo.get(k, 0.0) for k in under})
+        for k, v in pinned.items():
+            share[k] = v
+            remaining -= v
             del free[k]
     return share
 
@@ -62,16 +84,30 @@ def water_fill(weights: Mapping[K, float], caps: Mapping[K, float], total: float
 def fair_shares(
     brokers: Sequence[Broker], partitions: int, replication_factor: int
 ) -> dict[int, float]:
-    """Each broker's fair number of a topic's replicas, given weights and racks."""
+    """Each broker's fair number of a topic's replicas, given weights and racks.
+
+    Weight-proportional within what the placement rules allow: a broker holds at most
+    one replica of each partition; while RF <= racks a rack holds at most one, and
+    beyond that every rack holds at least one and at most ``RF - (racks - 1)`` (and
+    its brokers') replicas of each partition. The shares sum to ``partitions * RF``
+    whenever RF <= brokers.
+    """
     by_domain: dict[str, list[Broker]] = {}
     for b in brokers:
         by_domain.setdefault(b.domain, []).append(b)
-    # While RF <= racks, a rack holds at most one replica of each partition.
-    domain_cap = partitions if replication_factor <= len(by_domain) else math.inf
+    n_domains = len(by_domain)
+    if replication_factor <= n_domains:
+        lo = {d: 0.0 for d in by_domain}
+        hi = {d: float(partitions) for d in by_domain}
+    else:
+        spare = replication_factor - (n_domains - 1)
+        lo = {d: float(partitions) for d in by_domain}
+        hi = {d: float(partitions * min(len(bs), spare)) for d, bs in by_domain.items()}
     domain_share = water_fill(
         {d: sum(b.weight for b in bs) for d, bs in by_domain.items()},
-        {d: domain_cap for d in by_domain},
+        hi,
         partitions * replication_factor,
+        lo,
     )
     out: dict[int, float] = {}
     for d, bs in by_domain.items():
@@ -106,6 +142,7 @@ class HashRing:
         self._owners = [owners[k] for k in self._keys]
         self._owner_of = {k: b.id for k, b in owners.items()}
         self._domain = {b.id: b.domain for b in brokers}
+        self._brokers = {b.id: b for b in brokers}
         self._n_brokers = len(self._domain)
         self._n_domains = len({b.domain for b in brokers})
         self.vnodes_per_weight = vnodes_per_weight
@@ -137,20 +174,26 @@ class HashRing:
         key: str,
         chosen: list[int],
         domains: set[str],
-        full: Callable[[int], bool] | None = None,
+        full: Callable[[int], int] | None = None,
     ) -> Broker:
-        """The first broker from ``key`` that fits; ``full`` brokers only if all fitting are."""
+        """The first broker from ``key`` that fits.
+
+        ``full(id)`` grades how full a broker is (0: room); when every broker the hard
+        constraints allow is full, the first of the least full grade is taken.
+        """
         n = len(self._keys)
         start = bisect.bisect_left(self._keys, md5_key(key))
         fallback: Broker | None = None
+        grade = 0
         for i in range(start, start + n):
             b = self._owners[i % n]
             if b.id in chosen or (b.domain in domains and len(domains) < self._n_domains):
                 continue
-            if full is None or not full(b.id):
+            g = 0 if full is None else full(b.id)
+            if g == 0:
                 return b
-            if fallback is None:
-                fallback = b
+            if fallback is None or g < grade:
+                fallback, grade = b, g
         if fallback is None:  # unreachable while RF <= brokers; kept as a guard
             raise PlacementError(f"no broker fits replica {key!r}")
         return fallback
@@ -166,10 +209,14 @@ class HashRing:
             domains.add(b.domain)
         return chosen
 
-    def _caps(
-        self, partitions: int, replication_factor: int, load_factor: float
+    def bounds(
+        self, partitions: int, replication_factor: int, load_factor: float = DEFAULT_LOAD_FACTOR
     ) -> tuple[dict[int, int], dict[int, int]]:
-        """Per broker: the most replicas, and the most leaders, of one topic it may take."""
+        """Per broker: the most replicas, and the most leaders, of one topic it may take.
+
+        ``ceil(load_factor * share)``, the share being :func:`fair_shares` for replicas
+        and the broker's weight's share of the partitions for leaders.
+        """
         if load_factor < 1:
             raise PlacementError(f"load factor must be >= 1, got {load_factor}")
         brokers = list({b.id: b for b in self._owners}.values())
@@ -196,8 +243,9 @@ class HashRing:
         empty: dict[int, list[int | None]] = {
             p: [None] * replication_factor for p in range(partitions)
         }
-        cap, lcap = self._caps(partitions, replication_factor, load_factor)
+        cap, lcap = self.bounds(partitions, replication_factor, load_factor)
         out = self._fill(topic, empty, cap, lcap)
+        self._repair(topic, out, cap)
         balance_leaders(out, lcap)
         return out
 
@@ -220,16 +268,18 @@ class HashRing:
                 others = [b for b in reps if b is not None]
                 domains = {self._domain[b] for b in others}
                 if r == 0:
+                    # A leader-full broker is a better fallback than a replica-full one:
+                    # balance_leaders can reorder replicas afterwards; moving data costs.
                     b = self._pick(
                         f"{topic}-{p}-0",
                         others,
                         domains,
-                        lambda bid: load[bid] >= cap[bid] or leaders[bid] >= lcap[bid],
+                        lambda bid: 2 * (load[bid] >= cap[bid]) + (leaders[bid] >= lcap[bid]),
                     )
                     leaders[b.id] += 1
                 else:
                     b = self._pick(
-                        f"{topic}-{p}-{r}", others, domains, lambda bid: load[bid] >= cap[bid]
+                        f"{topic}-{p}-{r}", others, domains, lambda bid: int(load[bid] >= cap[bid])
                     )
                 load[b.id] += 1
                 reps[r] = b.id
@@ -256,7 +306,7 @@ class HashRing:
         every node as new.
         """
         self._check_rf(topic, replication_factor)
-        cap, lcap = self._caps(partitions, replication_factor, load_factor)
+        cap, lcap = self.bounds(partitions, replication_factor, load_factor)
         gained = set(self._keys) - (set(previous._keys) if previous is not None else set())
         slots: dict[int, list[int | None]] = {}
         need = min(replication_factor, self._n_domains)
@@ -316,6 +366,126 @@ class HashRing:
         out = self._fill(topic, slots, cap, lcap)
         balance_leaders(out, lcap)
         return out
+
+    def _spread_ok(self, reps: Sequence[int], i: int, y: int) -> bool:
+        """Whether replica ``i`` of ``reps`` may move to broker ``y`` under the rack rules.
+
+        ``y`` must not hold a replica already, and the partition must keep spanning
+        min(RF, racks) racks (or, if it spans fewer, no fewer than it does).
+        """
+        if y in reps:
+            return False
+        before = {self._domain[b] for b in reps}
+        after = {self._domain[b] for j, b in enumerate(reps) if j != i}
+        after.add(self._domain[y])
+        return len(after) >= min(len(before), min(len(reps), self._n_domains))
+
+    def _repair(
+        self,
+        topic: str,
+        slots: dict[int, list[int]],
+        cap: Mapping[int, int],
+        current: Mapping[int, Sequence[int]] | None = None,
+    ) -> int:
+        """Move replicas off brokers above ``cap`` onto brokers below it; return the moves.
+
+        The greedy walks can leave a broker above its bound (every broker the rack rules
+        allowed was full), and a changed weight lowers a broker's bound under what it
+        holds. Each broker above its bound gives, nearest first in ring distance from the
+        replica's key to the receiver's next virtual node, to brokers below their fair
+        share, then to brokers below their bound; when no single move is allowed, along
+        the shortest chain of moves (x -> y on one partition, y -> z on another...).
+        Replicas not on their broker in ``current`` go first: they move anyway, so
+        placing them elsewhere costs nothing. Stops where no move is allowed, so the
+        bound holds whenever the rules allow it.
+        """
+        load: Counter[int] = Counter({b: 0 for b in self._domain})
+        holds: dict[int, set[int]] = {b: set() for b in self._domain}
+        for p, reps in slots.items():
+            load.update(reps)
+            for b in reps:
+                holds[b].add(p)
+        if all(load[b] <= cap[b] for b in load):
+            return 0
+        rf = max((len(r) for r in slots.values()), default=0)
+        share = fair_shares(list(self._brokers.values()), len(slots), rf)
+        ring_keys: dict[int, list[int]] = {b: [] for b in self._domain}
+        for k, o in zip(self._keys, self._owners, strict=True):
+            ring_keys[o.id].append(k)
+        space = 1 << 128
+        moves = 0
+
+        def move(p: int, i: int, y: int) -> None:
+            x = slots[p][i]
+            slots[p][i] = y
+            load[x] -= 1
+            load[y] += 1
+            holds[x].discard(p)
+            holds[y].add(p)
+
+        for x in sorted(load):
+            for floor_ok in (True, False):
+                if load[x] <= cap[x]:
+                    break
+
+                def room(y: int, floor_ok: bool = floor_ok) -> bool:
+                    limit = min(math.floor(share[y]), cap[y]) if floor_ok else cap[y]
+                    return load[y] < limit
+
+                candidates: list[tuple[bool, int, int, int, int]] = []
+                for p in sorted(holds[x]):
+                    reps = slots[p]
+                    i = reps.index(x)
+                    h = md5_key(f"{topic}-{p}-{i}")
+                    stays = current is not None and x in current.get(p, ())
+                    for y in sorted(load):
+                        if room(y) and self._spread_ok(reps, i, y):
+                            ks = ring_keys[y]
+                            d = (ks[bisect.bisect_left(ks, h) % len(ks)] - h) % space
+                            candidates.append((stays, d, p, i, y))
+                for _, _, p, i, y in sorted(candidates):
+                    if load[x] <= cap[x]:
+                        break
+                    reps = slots[p]
+                    if reps[i] == x and room(y) and self._spread_ok(reps, i, y):
+                        move(p, i, y)
+                        moves += 1
+            while load[x] > cap[x]:
+                # Shortest chain of moves from x to a broker below its bound, each move
+                # on a partition not used earlier in the chain (so each stays allowed).
+                parent: dict[int, tuple[int, int, int]] = {}
+                used: dict[int, frozenset[int]] = {x: frozenset()}
+                frontier = [x]
+                sink: int | None = None
+                while frontier and sink is None:
+                    nxt: list[int] = []
+                    for u in frontier:
+                        for p in sorted(holds[u] - used[u]):
+                            reps = slots[p]
+                            i = reps.index(u)
+                            for y in sorted(load):
+                                if y in used or not self._spread_ok(reps, i, y):
+                                    continue
+                                parent[y] = (u, p, i)
+                                used[y] = used[u] | {p}
+                                if load[y] < cap[y]:
+                                    sink = y
+                                    break
+                                nxt.append(y)
+                            if sink is not None:
+                                break
+                        if sink is not None:
+                            break
+                    frontier = nxt
+                if sink is None:
+                    break
+                y = sink
+                while y != x:
+                    u, p, i = parent[y]
+                    move(p, i, y)
+                    moves += 1
+                    y = u
+        return moves
 
     def _top_up(
         self,

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logsdk.placement import Broker, Cluster, Topic, metrics, plan, pool_brokers_by_topic
+from logsdk.placement import (
+    Broker,
+    Cluster,
+    HashRing,
+    Topic,
+    metrics,
+    plan,
+    pool_brokers_by_topic,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -106,3 +116,25 @@ def test_ring_rebalance_keeps_invariants(cluster: Cluster, data: st.DataObject) 
                 assert new <= {1000}
             else:
                 assert old == set(before[topic][p]) - kept
+
+
+@SETTINGS
+@given(clusters())
+def test_ring_keeps_every_broker_within_its_bound(cluster: Cluster) -> None:
+    """ring: no broker holds (or leads) more than its bound, and no avoidable rack violation.
+
+    The bound, ceil(1.05 x fair share), is always achievable while RF <= brokers: the
+    fair shares respect one replica per broker and per rack (or at least one per rack)
+    for each partition, so a fractional placement at the shares exists, hence (network
+    flows) an integral one within the rounded-up bounds. The leader bound is not proven
+    achievable, but held in 3,000 drawn clusters.
+    """
+    out = plan(cluster, "ring")
+    pools = pool_brokers_by_topic(cluster)
+    for t in cluster.topics:
+        cap, lcap = HashRing(pools[t.name]).bounds(t.partitions, t.replication_factor)
+        load = Counter(b for reps in out[t.name].values() for b in reps)
+        leads = Counter(reps[0] for reps in out[t.name].values())
+        assert {b: n for b, n in load.items() if n > cap[b]} == {}
+        assert {b: n for b, n in leads.items() if n > lcap[b]} == {}
+    assert metrics(out, cluster.brokers, pools=pools).rack_violations == 0

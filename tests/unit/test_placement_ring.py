@@ -15,6 +15,7 @@ from logsdk.placement import (
     metrics,
     plan,
 )
+from logsdk.placement._ring import fair_shares
 
 RACKS = ["a", "b", "c"]
 TWELVE = Cluster(make_brokers(range(12), RACKS), (Topic("logs", 600, 3),))
@@ -138,4 +139,35 @@ def test_new_broker_leads_at_most_its_bound_from_kafka_current(
     bound = math.ceil(1.05 * 600 / 13)  # 49
     assert m.leaders[12] <= bound
     assert m.leaders_max <= bound
+    assert m.rack_violations == 0
+
+
+def test_fair_shares_sum_to_every_replica() -> None:
+    """RF 3 over 2 racks: rack a (one broker, weight 3) holds one replica per partition.
+
+    A broker holds at most one replica of a partition, so rack b's three brokers hold
+    the other 200: the shares add up to all 300 replicas (they summed to 250).
+    """
+    brokers = (Broker(0, "a", 3.0), Broker(1, "b"), Broker(2, "b"), Broker(3, "b"))
+    shares = fair_shares(brokers, 100, 3)
+    assert shares[0] == pytest.approx(100)
+    assert [shares[i] for i in (1, 2, 3)] == pytest.approx([200 / 3] * 3)
+    assert sum(shares.values()) == pytest.approx(300)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "partitions", "bound"),
+    [((6, 6, 4, 4), 600, 95), ((3, 6, 3, 6), 300, 53)],
+)
+def test_no_broker_above_its_bound_with_uneven_racks(
+    sizes: tuple[int, ...], partitions: int, bound: int
+) -> None:
+    """RF 3 over 4 racks of uneven size: every broker's share is equal, and none exceeds 1.05x.
+
+    [6, 6, 4, 4] x 600: share 90, bound ceil(94.5); [3, 6, 3, 6] x 300: share 50, bound 53.
+    """
+    brokers = _rack_blocks(sizes)
+    out = plan(Cluster(brokers, (Topic("logs", partitions, 3),)), "ring")
+    m = metrics(out, brokers)
+    assert m.replicas_max <= bound
     assert m.rack_violations == 0
