@@ -123,9 +123,11 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 
 def _plan(args: argparse.Namespace, cluster: Cluster) -> Assignment:
     strategy: Strategy = args.strategy
+    previous: tuple[Broker, ...] | None = getattr(args, "previous", None)
     return plan(
         cluster,
         strategy,
+        previous=previous,
         seed=args.seed,
         vnodes=args.vnodes,
         load_factor=None if args.load_factor == 0 else args.load_factor,
@@ -281,6 +283,13 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("plan", help="plan an assignment; with --current, only what must move")
     _source_options(p)
     p.add_argument("--current", metavar="FILE", help="current assignment (reassignment JSON)")
+    p.add_argument(
+        "--previous",
+        type=_brokers_spec,
+        metavar="SPEC",
+        help="ring: the brokers --current was planned on (same forms as --brokers), so "
+        "changed weights move what the ring says (default: the brokers holding replicas)",
+    )
     p.add_argument("--json", action="store_true", help="print the reassignment JSON only")
     p.add_argument("--output", metavar="FILE", help="write the reassignment JSON to FILE")
     p.set_defaults(func=_cmd_plan)

@@ -332,38 +332,16 @@ class HashRing:
             slots[p] = reps
         load: Counter[int] = Counter(b for reps in slots.values() for b in reps if b is not None)
         leaders: Counter[int] = Counter(reps[0] for reps in slots.values() if reps[0] is not None)
-        n = len(self._keys)
-        for r in range(replication_factor):
-            for p, reps in slots.items():
-                here = reps[r]
-                if here is None or not gained:
-                    continue
-                others = [b for i, b in enumerate(reps) if b is not None and i != r]
-                domains = {self._domain[b] for b in others}
-                start = bisect.bisect_left(self._keys, md5_key(f"{topic}-{p}-{r}"))
-                for i in range(start, start + n):
-                    node = self._owners[i % n]
-                    if node.id == here:
-                        break
-                    if (
-                        self._keys[i % n] in gained
-                        and node.id not in others
-                        and (node.domain not in domains or len(domains) >= self._n_domains)
-                        and load[node.id] < cap[node.id]
-                        and (r > 0 or leaders[node.id] < lcap[node.id])
-                    ):
-                        load[here] -= 1
-                        load[node.id] += 1
-                        if r == 0:
-                            leaders[here] -= 1
-                            leaders[node.id] += 1
-                        reps[r] = node.id
-                        break
         if gained:
-            self._top_up(
-                topic, slots, load, leaders, {self._owner_of[k] for k in gained}, cap, lcap
-            )
+            gainers = {self._owner_of[k] for k in gained}
+            # Brokers above their (new) bound give first, so the gainers' room goes to
+            # the replicas that must move anyway; then the ring's own moves, then the
+            # gainers' fair share.
+            for over_only in (True, False):
+                self._take_arcs(topic, slots, load, leaders, gained, cap, lcap, over_only)
+                self._top_up(topic, slots, load, leaders, gainers, cap, lcap, over_only)
         out = self._fill(topic, slots, cap, lcap)
+        self._repair(topic, out, cap, current)
         balance_leaders(out, lcap)
         return out
 
@@ -487,6 +465,54 @@ class HashRing:
                     y = u
         return moves
 
+    def _take_arcs(
+        self,
+        topic: str,
+        slots: dict[int, list[int | None]],
+        load: Counter[int],
+        leaders: Counter[int],
+        gained: set[int],
+        cap: Mapping[int, int],
+        lcap: Mapping[int, int],
+        over_only: bool,
+    ) -> None:
+        """Move each replica whose walk meets a gained node before its broker to that node.
+
+        Only to a broker below its bound (and its leader bound, for a first replica);
+        with ``over_only``, only replicas of brokers above their bound, else only while
+        the gaining broker is below its fair share (no more moves than it is owed).
+        """
+        n = len(self._keys)
+        brokers = list(self._brokers.values())
+        share = fair_shares(brokers, len(slots), max((len(r) for r in slots.values()), default=0))
+        room = {b: cap[b] if over_only else min(cap[b], math.floor(share[b])) for b in cap}
+        for r in range(max((len(reps) for reps in slots.values()), default=0)):
+            for p, reps in slots.items():
+                here = reps[r] if r < len(reps) else None
+                if here is None or (over_only and load[here] <= cap[here]):
+                    continue
+                others = [b for i, b in enumerate(reps) if b is not None and i != r]
+                domains = {self._domain[b] for b in others}
+                start = bisect.bisect_left(self._keys, md5_key(f"{topic}-{p}-{r}"))
+                for i in range(start, start + n):
+                    node = self._owners[i % n]
+                    if node.id == here:
+                        break
+                    if (
+                        self._keys[i % n] in gained
+                        and node.id not in others
+                        and (node.domain not in domains or len(domains) >= self._n_domains)
+                        and load[node.id] < room[node.id]
+                        and (r > 0 or leaders[node.id] < lcap[node.id])
+                    ):
+                        load[here] -= 1
+                        load[node.id] += 1
+                        if r == 0:
+                            leaders[here] -= 1
+                            leaders[node.id] += 1
+                        reps[r] = node.id
+                        break
+
     def _top_up(
         self,
         topic: str,
@@ -496,13 +522,17 @@ class HashRing:
         gainers: set[int],
         cap: Mapping[int, int],
         lcap: Mapping[int, int],
+        over_only: bool = False,
     ) -> None:
         """Give each gaining broker its fair share, taking the replicas nearest its nodes.
 
         Rack rules let a new broker take fewer keys than its arcs cover (a key whose
         partition already has a replica in its rack walks on), so it then takes, in
         order of ring distance from their keys to its nearest virtual node, replicas
-        from brokers holding more than their fair share, where the rules allow.
+        from brokers holding more than their fair share, where the rules allow. Brokers
+        above their bound (their share fell as the ring grew) give first, and go on
+        giving past the gainer's share up to its bound, so that no other broker has to
+        take their excess later.
         """
         partitions = len(slots)
         rf = max((len(r) for r in slots.values()), default=0)
@@ -511,26 +541,29 @@ class HashRing:
         space = 1 << 128
         for g in sorted(gainers):
             want = min(math.floor(share[g]), cap[g])
-            if load[g] >= want:
+            if load[g] >= cap[g]:
                 continue
             g_keys = [k for k, o in zip(self._keys, self._owners, strict=True) if o.id == g]
             g_domain = self._domain[g]
-            candidates: list[tuple[int, int, int]] = []
+            candidates: list[tuple[bool, int, int, int]] = []
             for p, reps in slots.items():
                 if g in reps:
                     continue
                 for r, x in enumerate(reps):
-                    if x is None or load[x] <= share[x]:
+                    if x is None or load[x] <= (cap[x] if over_only else share[x]):
                         continue
                     h = md5_key(f"{topic}-{p}-{r}")
                     i = bisect.bisect_left(g_keys, h)
-                    candidates.append(((g_keys[i % len(g_keys)] - h) % space, p, r))
-            for _, p, r in sorted(candidates):
-                if load[g] >= want:
+                    dist = (g_keys[i % len(g_keys)] - h) % space
+                    candidates.append((load[x] <= cap[x], dist, p, r))
+            for _, _, p, r in sorted(candidates):
+                if load[g] >= cap[g]:
                     break
                 reps = slots[p]
                 x = reps[r]
-                if x is None or g in reps or load[x] <= share[x]:
+                if x is None or g in reps or load[x] <= (cap[x] if over_only else share[x]):
+                    continue
+                if load[g] >= want and load[x] <= cap[x]:
                     continue
                 if r == 0 and leaders[g] >= lcap[g]:
                     continue

@@ -6,8 +6,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from logsdk.placement import Broker, Cluster, Topic, make_brokers, plan, reassignment_json
+
+
+def load_assignment_doc(
+    doc: dict[str, Any], base: dict[str, dict[int, list[int]]]
+) -> dict[str, dict[int, list[int]]]:
+    """``base`` with the partitions a reassignment JSON lists replaced."""
+    out = {t: dict(parts) for t, parts in base.items()}
+    for p in doc["partitions"]:
+        out[p["topic"]][p["partition"]] = p["replicas"]
+    return out
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -91,3 +102,39 @@ def test_bad_usage_exits_2() -> None:
     out = run("plan", "--brokers", "3", "--topics", "logs:three:1")
     assert out.returncode == 2
     assert "NAME:PARTITIONS:RF" in out.stderr
+
+
+def test_plan_current_after_weight_change_reports_moves(tmp_path: Path) -> None:
+    """plan --cluster (broker 0 now weight 3) --current: replicas move and the count is shown."""
+    six = Cluster(make_brokers(range(6), ["a", "b", "c"]), (Topic("logs", 600, 3),))
+    now = tmp_path / "now.json"
+    now.write_text(json.dumps(reassignment_json(plan(six, "ring"))))
+    heavier = six.with_brokers((Broker(0, "a", 3.0), *six.brokers[1:]))
+    cfile = tmp_path / "cluster.json"
+    cfile.write_text(json.dumps(heavier.to_dict()))
+    out = run(
+        "plan", "--cluster", str(cfile), "--current", str(now), "--output", "p.json", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    moved = [line for line in out.stdout.splitlines() if "moved:" in line]
+    assert moved
+    assert int(moved[0].split()[1]) > 0
+    assert json.loads((tmp_path / "p.json").read_text())["partitions"]
+
+
+def test_plan_previous_brokers_move_what_the_ring_says(tmp_path: Path) -> None:
+    """plan --previous (the old weights): broker 0 (weight 1 -> 3) takes its full share, 450."""
+    six = Cluster(make_brokers(range(6), ["a", "b", "c"]), (Topic("logs", 600, 3),))
+    before = plan(six, "ring")
+    now = tmp_path / "now.json"
+    now.write_text(json.dumps(reassignment_json(before)))
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(six.to_dict()))
+    heavier = six.with_brokers((Broker(0, "a", 3.0), *six.brokers[1:]))
+    cfile = tmp_path / "cluster.json"
+    cfile.write_text(json.dumps(heavier.to_dict()))
+    args = ["plan", "--cluster", str(cfile), "--current", str(now), "--previous", str(old)]
+    out = run(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    proposed = load_assignment_doc(json.loads(out.stdout), before)
+    assert sum(0 in reps for reps in proposed["logs"].values()) == 450

@@ -142,6 +142,24 @@ def test_new_broker_leads_at_most_its_bound_from_kafka_current(
     assert m.rack_violations == 0
 
 
+def test_weight_change_brings_every_broker_within_its_bound() -> None:
+    """Broker 0's weight 1 -> 3 with --current only (no previous ring): brokers end in bound.
+
+    Racks a, b, c dealt round-robin over 6 brokers, so rack a (brokers 0 and 3) holds one
+    replica of each of the 600 partitions: shares 450 / 150, bounds 473 / 158; others 315.
+    """
+    old = make_brokers(range(6), RACKS)
+    new = (Broker(0, rack="a", weight=3.0), *old[1:])
+    topic = (Topic("logs", 600, 3),)
+    before = plan(Cluster(old, topic), "ring")
+    after = plan(Cluster(new, topic), "ring", current=before)
+    m = metrics(after, new, previous=before)
+    bound = {0: 473, 1: 315, 2: 315, 3: 158, 4: 315, 5: 315}
+    assert {b: n for b, n in m.replicas.items() if n > bound[b]} == {}
+    assert m.moved == m.replicas[0] - metrics(before, old).replicas[0] > 0
+    assert m.rack_violations == 0
+
+
 def test_fair_shares_sum_to_every_replica() -> None:
     """RF 3 over 2 racks: rack a (one broker, weight 3) holds one replica per partition.
 
