@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -156,11 +157,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     proposed = _plan(args, cluster)
     current = cluster.current or None
     doc = reassignment_json(proposed, current)
-    if args.output is not None:
+    # kafka-reassign-partitions.sh rejects an empty list ("Partition reassignment list
+    # cannot be empty"): never write one.
+    nothing = not doc["partitions"]
+    if args.output is not None and not nothing:
         Path(args.output).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     m = metrics(proposed, cluster.brokers, current, pool_brokers_by_topic(cluster))
     if args.json:
         print(json.dumps(doc))
+        if nothing:
+            print("logsdk: nothing to reassign", file=sys.stderr)
         return 0
     if current:
         print(format_diff(current, proposed))
@@ -170,7 +176,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 print(f"{topic}-{p}: {reps}")
     print(f"strategy {args.strategy}:")
     print("\n".join("  " + line for line in _metrics_lines(m)))
-    if args.output is not None:
+    if nothing:
+        where = f" ({args.output} not written)" if args.output is not None else ""
+        print(f"nothing to reassign: the plan equals the current assignment{where}")
+    elif args.output is not None:
         print(f"wrote {len(doc['partitions'])} partitions to {args.output}")
     return 0
 

@@ -95,7 +95,9 @@ def plan(
 ) -> Assignment:
     """``{topic: {partition: [broker ids]}}`` for every topic of ``cluster``, leader first.
 
-    Each topic is placed on its pool's brokers. With ``current`` (default: the
+    Each topic is placed on its pool's brokers. A topic of ``current`` must hold
+    exactly partitions ``0..partitions-1`` (a reassignment cannot add or drop any).
+    With ``current`` (default: the
     cluster's own current assignment), ``ring`` moves only what the ring says must
     move (see :meth:`HashRing.rebalance`); ``previous`` is the broker set ``current``
     was planned on (default: the brokers holding a replica in ``current``). The
@@ -114,6 +116,13 @@ def plan(
         brokers = cluster.pool_brokers(topic.pool)
         _check_topic(topic, brokers, strict_racks)
         now = current.get(topic.name) if current else None
+        if now and sorted(now) != list(range(topic.partitions)):
+            raise PlacementError(
+                f"topic {topic.name!r}: the current assignment has {len(now)} partitions "
+                f"({_ranges(sorted(now))}) but the topic declares {topic.partitions}; a "
+                "reassignment can neither create nor drop partitions: give the topic its "
+                "real partition count, or the full current assignment"
+            )
         if strategy == "ring":
             ring = HashRing(brokers, vnodes)
             if now and load_factor is not None:
@@ -138,6 +147,17 @@ def plan(
             target = {p: reconcile(now.get(p, []), reps) for p, reps in target.items()}
         out[topic.name] = target
     return out
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    out: list[str] = []
+    for i in ids:
+        if out and i == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
 
 
 def validate_assignment(

@@ -138,3 +138,34 @@ def test_plan_previous_brokers_move_what_the_ring_says(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     proposed = load_assignment_doc(json.loads(out.stdout), before)
     assert sum(0 in reps for reps in proposed["logs"].values()) == 450
+
+
+def test_current_with_fewer_partitions_than_declared_is_refused(tmp_path: Path) -> None:
+    """--current holding 2 partitions of a topic declared with 6 exits 1 naming both counts.
+
+    The plan would otherwise ask kafka-reassign-partitions.sh to move partitions 2-5,
+    which do not exist.
+    """
+    now = tmp_path / "now.json"
+    now.write_text(json.dumps(reassignment_json({"logs": {0: [0, 1], 1: [1, 2]}})))
+    out = run("plan", "--brokers", "3", "--topics", "logs:6:2", "--current", str(now))
+    assert out.returncode == 1, out.stdout
+    assert "topic 'logs'" in out.stderr
+    assert "2 partitions" in out.stderr
+    assert "declares 6" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_plan_with_nothing_to_move_writes_no_file(tmp_path: Path) -> None:
+    """A plan equal to --current says "nothing to reassign" and writes no (empty) JSON.
+
+    kafka-reassign-partitions.sh rejects {"version": 1, "partitions": []}.
+    """
+    cluster = Cluster(make_brokers(range(6), ["a", "b", "c"]), (Topic("logs", 12, 3),))
+    now = tmp_path / "now.json"
+    now.write_text(json.dumps(reassignment_json(plan(cluster, "ring"))))
+    args = ["--brokers", "6", "--racks", "a,b,c", "--topics", "logs:12:3", "--current", str(now)]
+    out = run("plan", *args, "--output", "p.json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "nothing to reassign" in out.stdout
+    assert not (tmp_path / "p.json").exists()
