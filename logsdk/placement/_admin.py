@@ -93,6 +93,8 @@ def check_plan(cluster: Cluster, proposed: AssignmentLike) -> None:
         for p, reps in parts.items():
             if p not in cluster.current[topic]:
                 raise PlacementError(f"partition {topic}-{p} is not in the cluster")
+            if not reps:
+                raise PlacementError(f"{topic}-{p}: no replicas")
             unknown = sorted(set(reps) - known)
             if unknown:
                 raise PlacementError(f"{topic}-{p}: brokers {unknown} are not in the cluster")

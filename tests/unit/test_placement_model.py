@@ -13,6 +13,7 @@ from logsdk.placement import (
     Broker,
     Cluster,
     Topic,
+    check_plan,
     cluster_from_dict,
     format_diff,
     load_assignment,
@@ -23,6 +24,7 @@ from logsdk.placement import (
     reassignment_json,
     reconcile,
 )
+from logsdk.placement._model import assignment_from_obj
 
 
 def test_public_names_are_pinned() -> None:
@@ -191,3 +193,49 @@ def test_metrics_count_replicas_leaders_and_racks() -> None:
     assert m.replicas == {0: 2, 1: 1, 2: 1}
     assert m.leaders == {0: 1, 1: 0, 2: 1}
     assert m.rack_violations == 1
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"t": {"0": "01"}}, r"t-0: replicas must be a list of broker ids, got '01'"),
+        ({"t": {"1": [1.7, 0]}}, r"t-1: replica 1\.7 is not a broker id"),
+        ({"t": {"0": [True, 0]}}, r"t-0: replica True is not a broker id"),
+        ({"t": {"0": []}}, r"t-0: no replicas"),
+        ({"t": {"x": [0]}}, r"topic 't': partition 'x' is not a partition number"),
+        ({"t": {"0": [0], "00": [1]}}, r"t-0 is listed twice"),
+        ({"t": {"0": [2, 2]}}, r"t-0: broker 2 holds two replicas"),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [0, 1]}] * 2},
+            r"t-0 is listed twice",
+        ),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": "x", "replicas": [0]}]},
+            r"topic 't': partition 'x' is not a partition number",
+        ),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": 1, "replicas": []}]},
+            r"t-1: no replicas",
+        ),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": "01"}]},
+            r"t-0: replicas must be a list",
+        ),
+    ],
+)
+def test_bad_assignment_json_is_refused(doc: object, message: str) -> None:
+    """Replicas as text or floats, empty lists, bad or repeated partitions name the entry."""
+    with pytest.raises(PlacementError, match=message):
+        assignment_from_obj(doc)
+
+
+def test_digit_string_partitions_are_accepted() -> None:
+    """JSON object keys are strings: {"t": {"3": [1, 2]}} is partition 3."""
+    assert assignment_from_obj({"t": {"3": [1, 2]}}) == {"t": {3: [1, 2]}}
+
+
+def test_check_plan_refuses_an_empty_replica_list() -> None:
+    """apply's check names a partition with no replicas (Kafka would refuse it)."""
+    cluster = Cluster((Broker(0), Broker(1)), (Topic("t", 1, 1),), {"t": {0: [0]}})
+    with pytest.raises(PlacementError, match=r"t-0: no replicas"):
+        check_plan(cluster, {"t": {0: []}})
