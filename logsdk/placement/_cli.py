@@ -64,7 +64,9 @@ def _topics_spec(text: str) -> tuple[Topic, ...]:
     """``NAME:PARTITIONS:RF[:POOL],...`` or a JSON/YAML file."""
     if Path(text).is_file():
         doc = _load(text)
-        items = doc.get("topics", []) if isinstance(doc, dict) else doc
+        items = doc.get("topics") if isinstance(doc, dict) else doc
+        if not isinstance(items, list):
+            raise argparse.ArgumentTypeError(f'{text}: needs a list of topics or a "topics" list')
         try:
             return tuple(topic_from_dict(t) for t in items)
         except PlacementError as exc:
@@ -91,7 +93,9 @@ def _load(path: str) -> Any:
 
 
 def _brokers_from_doc(doc: Any) -> tuple[Broker, ...]:
-    items = doc.get("brokers", []) if isinstance(doc, dict) else doc
+    items = doc.get("brokers") if isinstance(doc, dict) else doc
+    if not isinstance(items, list):
+        raise argparse.ArgumentTypeError('needs a list of brokers or a "brokers" list')
     try:
         return tuple(broker_from_dict(b) for b in items)
     except PlacementError as exc:

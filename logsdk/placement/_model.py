@@ -264,10 +264,19 @@ def cluster_from_dict(obj: Mapping[str, Any]) -> Cluster:
     """A validated cluster from ``{"brokers": [...], "topics": [...], "assignment": {...}}``."""
     if not isinstance(obj, Mapping) or "brokers" not in obj:
         raise PlacementError('a cluster file needs a "brokers" list')
-    brokers = tuple(broker_from_dict(b) for b in obj["brokers"])
-    topics = tuple(topic_from_dict(t) for t in obj.get("topics") or [])
-    current = assignment_from_obj(obj["assignment"]) if obj.get("assignment") else {}
+    brokers = tuple(broker_from_dict(b) for b in _list_field(obj, "brokers", "broker"))
+    topics: tuple[Topic, ...] = ()
+    if obj.get("topics") is not None:
+        topics = tuple(topic_from_dict(t) for t in _list_field(obj, "topics", "topic"))
+    current = assignment_from_obj(obj["assignment"]) if obj.get("assignment") is not None else {}
     return Cluster(brokers, topics, current).validate()
+
+
+def _list_field(obj: Mapping[str, Any], key: str, item: str) -> list[Any]:
+    value = obj[key]
+    if not isinstance(value, list):
+        raise PlacementError(f'"{key}" must be a list of {item} objects, got {value!r}')
+    return value
 
 
 def load_document(path: str | Path) -> Any:

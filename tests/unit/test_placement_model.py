@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,39 @@ def test_check_plan_refuses_an_empty_replica_list() -> None:
     cluster = Cluster((Broker(0), Broker(1)), (Topic("t", 1, 1),), {"t": {0: [0]}})
     with pytest.raises(PlacementError, match=r"t-0: no replicas"):
         check_plan(cluster, {"t": {0: []}})
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"brokers": 5}, r'"brokers" must be a list of broker objects, got 5'),
+        ({"brokers": None}, r'"brokers" must be a list of broker objects, got None'),
+        ([1, 2], r'a cluster file needs a "brokers" list'),
+        ({"brokers": [{"id": 0}], "topics": 5}, r'"topics" must be a list of topic objects'),
+        ({"brokers": [{"id": 0}], "topics": {"t": 1}}, r'"topics" must be a list'),
+        ({"brokers": [{"id": 0}], "assignment": 5}, r"an assignment must be an object"),
+        (
+            {"brokers": [{"id": 0}], "assignment": {"t": {"x": [0]}}},
+            r"partition 'x' is not a partition number",
+        ),
+    ],
+)
+def test_malformed_cluster_file_is_refused(doc: object, message: str) -> None:
+    """Wrong types in a cluster document raise PlacementError naming the field."""
+    with pytest.raises(PlacementError, match=message):
+        cluster_from_dict(doc)  # type: ignore[arg-type]
+
+
+def test_cli_malformed_cluster_file_exits_1(tmp_path: Path) -> None:
+    """placement plan --cluster with "brokers": 5 exits 1 with one error line, no traceback."""
+    path = tmp_path / "c.json"
+    path.write_text('{"brokers": 5}')
+    out = subprocess.run(
+        [sys.executable, "-m", "logsdk.cli", "placement", "plan", "--cluster", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert '"brokers" must be a list' in out.stderr
+    assert "Traceback" not in out.stderr
