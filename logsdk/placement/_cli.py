@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,17 @@ def _topics_spec(text: str) -> tuple[Topic, ...]:
     return tuple(out)
 
 
+def _load_factor(text: str) -> float:
+    """A finite float: >= 1 for the bound, 0 for the plain ring (checked by the planner)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"load factor must be a finite number, got {text!r}")
+    return value
+
+
 def _load(path: str) -> Any:
     try:
         return load_document(path)
@@ -113,8 +125,10 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     else:
         cluster = Cluster(args.brokers)
     brokers = args.brokers if args.brokers is not None else cluster.brokers
-    if args.racks:
-        racks = [r for r in args.racks.split(",") if r]
+    if args.racks is not None:
+        racks = [r.strip() for r in args.racks.split(",") if r.strip()]
+        if not racks:
+            raise PlacementError(f"--racks {args.racks!r} names no rack: give R1,R2,...")
         brokers = tuple(
             b if b.rack is not None else Broker(b.id, racks[n % len(racks)], b.weight, b.pool)
             for n, b in enumerate(sorted(brokers, key=lambda b: b.id))
@@ -272,7 +286,7 @@ def _source_options(p: argparse.ArgumentParser, planning: bool = True) -> None:
         )
         s.add_argument(
             "--load-factor",
-            type=float,
+            type=_load_factor,
             default=DEFAULT_LOAD_FACTOR,
             help="ring: most replicas per broker as a multiple of its share; 0 = plain ring",
         )

@@ -38,6 +38,8 @@ from logsdk.placement._model import Broker
 DEFAULT_VNODES = 256
 #: Bound on a broker's replicas (and leaders) per topic, as a multiple of its fair share.
 DEFAULT_LOAD_FACTOR = 1.05
+#: Most virtual nodes one ring may have (about 0.3 GB and a few seconds of hashing).
+MAX_RING_NODES = 1_000_000
 
 K = TypeVar("K", bound=Hashable)
 
@@ -125,18 +127,30 @@ def md5_key(text: str) -> int:
 
 
 class HashRing:
-    """A consistent-hash ring over ``brokers``; immutable once built."""
+    """A consistent-hash ring over ``brokers``; immutable once built.
+
+    At most :data:`MAX_RING_NODES` virtual nodes (``vnodes_per_weight`` x weights).
+    """
 
     def __init__(self, brokers: Sequence[Broker], vnodes_per_weight: int = DEFAULT_VNODES) -> None:
         if vnodes_per_weight < 1:
             raise PlacementError(f"vnodes per weight must be >= 1, got {vnodes_per_weight}")
         if not brokers:
             raise PlacementError("a ring needs at least one broker")
+        for b in brokers:
+            if not (math.isfinite(b.weight) and b.weight > 0):
+                raise PlacementError(f"broker {b.id}: weight must be > 0, got {b.weight}")
+        counts = {b.id: max(1, round(vnodes_per_weight * b.weight)) for b in brokers}
+        total = sum(counts.values())
+        if total > MAX_RING_NODES:
+            raise PlacementError(
+                f"a ring of {total} virtual nodes is too large (at most {MAX_RING_NODES}): "
+                f"lower the vnodes per weight unit (--vnodes, now {vnodes_per_weight}; "
+                f"default {DEFAULT_VNODES}) or the brokers' weights"
+            )
         owners: dict[int, Broker] = {}
         for b in brokers:
-            if not b.weight > 0:
-                raise PlacementError(f"broker {b.id}: weight must be > 0, got {b.weight}")
-            for i in range(max(1, round(vnodes_per_weight * b.weight))):
+            for i in range(counts[b.id]):
                 owners[md5_key(f"{b.name}-v{i}")] = b
         self._keys = sorted(owners)
         self._owners = [owners[k] for k in self._keys]
@@ -217,8 +231,8 @@ class HashRing:
         ``ceil(load_factor * share)``, the share being :func:`fair_shares` for replicas
         and the broker's weight's share of the partitions for leaders.
         """
-        if load_factor < 1:
-            raise PlacementError(f"load factor must be >= 1, got {load_factor}")
+        if not (math.isfinite(load_factor) and load_factor >= 1):
+            raise PlacementError(f"load factor must be a finite number >= 1, got {load_factor}")
         brokers = list({b.id: b for b in self._owners}.values())
         shares = fair_shares(brokers, partitions, replication_factor)
         w_sum = sum(b.weight for b in brokers)

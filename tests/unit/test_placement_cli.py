@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from logsdk.placement import Broker, Cluster, Topic, make_brokers, plan, reassignment_json
 
 
@@ -169,3 +171,29 @@ def test_plan_with_nothing_to_move_writes_no_file(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "nothing to reassign" in out.stdout
     assert not (tmp_path / "p.json").exists()
+
+
+def test_racks_naming_no_rack_is_refused() -> None:
+    """--racks "," names no rack: exit 1 with a message (it was a ZeroDivisionError)."""
+    out = run("plan", "--brokers", "3", "--racks", ",", "--topics", "t:2:2")
+    assert out.returncode == 1
+    assert "--racks" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_load_factor_is_a_usage_error(value: str) -> None:
+    """--load-factor nan/inf is refused with a message (they raised ValueError/OverflowError)."""
+    out = run("plan", "--brokers", "3", "--topics", "t:2:2", f"--load-factor={value}")
+    assert out.returncode == 2
+    assert "load factor must be a finite number" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_huge_vnodes_is_refused_before_building_the_ring() -> None:
+    """--vnodes 100000000 is refused at once with the limit (it was killed by the OOM killer)."""
+    out = run("plan", "--brokers", "3", "--topics", "t:2:2", "--vnodes", "100000000")
+    assert out.returncode == 1
+    assert "virtual nodes" in out.stderr
+    assert "--vnodes" in out.stderr
+    assert "Traceback" not in out.stderr

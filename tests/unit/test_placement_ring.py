@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from logsdk.errors import PlacementError
 from logsdk.placement import (
     Broker,
     Cluster,
@@ -14,6 +15,7 @@ from logsdk.placement import (
     make_brokers,
     metrics,
     plan,
+    ring_assignment,
 )
 from logsdk.placement._ring import fair_shares
 
@@ -189,3 +191,16 @@ def test_no_broker_above_its_bound_with_uneven_racks(
     m = metrics(out, brokers)
     assert m.replicas_max <= bound
     assert m.rack_violations == 0
+
+
+@pytest.mark.parametrize("load_factor", [float("nan"), float("inf"), 0.5])
+def test_bad_load_factor_raises_placement_error(load_factor: float) -> None:
+    """A NaN, infinite or below-1 load factor is a PlacementError, not ValueError/OverflowError."""
+    with pytest.raises(PlacementError, match="load factor"):
+        ring_assignment(make_brokers(range(3)), "t", 6, 2, load_factor=load_factor)
+
+
+def test_oversized_ring_is_refused() -> None:
+    """A ring of more than MAX_RING_NODES virtual nodes raises before hashing any."""
+    with pytest.raises(PlacementError, match=r"300000000 virtual nodes"):
+        HashRing(make_brokers(range(3)), vnodes_per_weight=100_000_000)
