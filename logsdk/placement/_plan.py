@@ -9,7 +9,7 @@ from typing import Literal, get_args
 from logsdk.errors import PlacementError
 from logsdk.placement._kafka import kafka_assignment, kafka_rack_assignment
 from logsdk.placement._model import Assignment, Broker, Cluster, Topic
-from logsdk.placement._ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, HashRing
+from logsdk.placement._ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, HashRing, check_racks
 
 Strategy = Literal["kafka", "kafka-rack", "ring"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
@@ -49,12 +49,6 @@ def _kafka_topic(
     ids = [b.id for b in brokers]
     if rack:
         with_rack = [b for b in brokers if b.rack is not None]
-        if with_rack and len(with_rack) < len(brokers):
-            missing = [b.id for b in brokers if b.rack is None]
-            raise PlacementError(
-                f"topic {topic.name!r}: brokers {missing} have no rack; kafka-rack needs a rack "
-                "on every broker or on none"
-            )
         if with_rack:
             start, shift = _kafka_indices(seed, topic.name, len(ids))
             return kafka_rack_assignment(
@@ -115,6 +109,11 @@ def plan(
     for topic in cluster.topics:
         brokers = cluster.pool_brokers(topic.pool)
         _check_topic(topic, brokers, strict_racks)
+        if strategy != "kafka":
+            try:
+                check_racks(brokers, strategy)
+            except PlacementError as exc:
+                raise PlacementError(f"topic {topic.name!r}: {exc}") from None
         now = current.get(topic.name) if current else None
         if now and sorted(now) != list(range(topic.partitions)):
             raise PlacementError(

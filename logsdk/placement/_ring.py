@@ -121,6 +121,19 @@ def fair_shares(
     return out
 
 
+def check_racks(brokers: Sequence[Broker], who: str) -> None:
+    """Raise :class:`PlacementError` if some brokers have a rack and others none.
+
+    A rackless broker would otherwise count as a rack of its own and, with RF >= the
+    racks, hold a replica of every partition; Kafka refuses such a cluster too.
+    """
+    missing = sorted(b.id for b in brokers if b.rack is None)
+    if missing and len(missing) < len(brokers):
+        raise PlacementError(
+            f"brokers {missing} have no rack; {who} needs a rack on every broker or on none"
+        )
+
+
 def md5_key(text: str) -> int:
     """The ring position of ``text``: its MD5 digest as a 128-bit integer."""
     return int.from_bytes(hashlib.md5(text.encode("utf-8"), usedforsecurity=False).digest(), "big")
@@ -140,6 +153,7 @@ class HashRing:
         for b in brokers:
             if not (math.isfinite(b.weight) and b.weight > 0):
                 raise PlacementError(f"broker {b.id}: weight must be > 0, got {b.weight}")
+        check_racks(brokers, "the ring")
         counts = {b.id: max(1, round(vnodes_per_weight * b.weight)) for b in brokers}
         total = sum(counts.values())
         if total > MAX_RING_NODES:

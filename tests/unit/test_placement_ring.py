@@ -204,3 +204,17 @@ def test_oversized_ring_is_refused() -> None:
     """A ring of more than MAX_RING_NODES virtual nodes raises before hashing any."""
     with pytest.raises(PlacementError, match=r"300000000 virtual nodes"):
         HashRing(make_brokers(range(3)), vnodes_per_weight=100_000_000)
+
+
+def test_ring_refuses_a_broker_without_rack_among_racked_ones() -> None:
+    """One rackless broker among racks a and b would be a third "rack" of its own.
+
+    With RF 3 it then held a replica of every partition (600 of 1800 over 11 brokers,
+    max/mean 3.667) and nothing was flagged; kafka-rack, like Kafka, refuses the input.
+    """
+    brokers = (*(Broker(i, rack="ab"[i % 2]) for i in range(10)), Broker(10))
+    cluster = Cluster(brokers, (Topic("logs", 600, 3),))
+    with pytest.raises(PlacementError, match=r"brokers \[10\] have no rack"):
+        plan(cluster, "ring")
+    with pytest.raises(PlacementError, match=r"brokers \[10\] have no rack"):
+        HashRing(brokers)
