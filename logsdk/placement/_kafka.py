@@ -15,6 +15,8 @@ from logsdk.errors import PlacementError
 
 
 def _check(broker_ids: Sequence[int], partitions: int, replication_factor: int) -> None:
+    if not broker_ids:
+        raise PlacementError("no brokers given")
     if partitions < 1:
         raise PlacementError(f"partitions must be >= 1, got {partitions}")
     if replication_factor < 1:
@@ -87,6 +89,8 @@ def rack_alternated_brokers(broker_racks: Mapping[int, str]) -> list[int]:
 
     ``{0: "a", 1: "a", 2: "b", 3: "c"}`` gives ``[0, 2, 3, 1]``.
     """
+    if not broker_racks:
+        raise PlacementError("no brokers given")
     by_rack: dict[str, list[int]] = {}
     for bid, rack in broker_racks.items():
         by_rack.setdefault(rack, []).append(bid)

@@ -190,7 +190,13 @@ class HashRing:
                 out.append(b)
         return out
 
-    def _check_rf(self, topic: str, replication_factor: int) -> None:
+    def _check_rf(self, topic: str, replication_factor: int, partitions: int = 1) -> None:
+        if partitions < 1:
+            raise PlacementError(f"topic {topic!r}: partitions must be >= 1, got {partitions}")
+        if replication_factor < 1:
+            raise PlacementError(
+                f"topic {topic!r}: replication factor must be >= 1, got {replication_factor}"
+            )
         if replication_factor > self._n_brokers:
             raise PlacementError(
                 f"topic {topic!r}: replication factor {replication_factor} is larger than "
@@ -265,7 +271,7 @@ class HashRing:
         load_factor: float | None = DEFAULT_LOAD_FACTOR,
     ) -> dict[int, list[int]]:
         """``{partition: [broker ids]}`` for one topic; a plain ring if ``load_factor`` is None."""
-        self._check_rf(topic, replication_factor)
+        self._check_rf(topic, replication_factor, partitions)
         if load_factor is None:
             return {p: self.place(topic, p, replication_factor) for p in range(partitions)}
         empty: dict[int, list[int | None]] = {
@@ -333,7 +339,7 @@ class HashRing:
         larger RF) are then filled by bounded-load walks. ``previous=None`` counts
         every node as new.
         """
-        self._check_rf(topic, replication_factor)
+        self._check_rf(topic, replication_factor, partitions)
         cap, lcap = self.bounds(partitions, replication_factor, load_factor)
         gained = set(self._keys) - (set(previous._keys) if previous is not None else set())
         slots: dict[int, list[int | None]] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,30 @@ def test_cli_malformed_cluster_file_exits_1(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert '"brokers" must be a list' in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: placement.kafka_rack_assignment({}, 1, 1, 0, 0), "no brokers"),
+        (lambda: placement.kafka_assignment([], 1, 1, 0, 0), "no brokers"),
+        (lambda: placement.rack_alternated_brokers({}), "no brokers"),
+        (lambda: placement.ring_assignment([Broker(0)], "t", 2, 0), "replication factor"),
+        (lambda: placement.ring_assignment([Broker(0)], "t", 0, 1), "partitions"),
+        (lambda: placement.HashRing([Broker(0)]).place("t", 0, 0), "replication factor"),
+        (
+            lambda: placement.metrics({"t": {0: [0]}}, [Broker(0, weight=0.0)]),
+            "broker 0: weight must be > 0",
+        ),
+        (
+            lambda: placement.metrics({"t": {0: [0]}}, [Broker(0, weight=float("nan"))]),
+            "broker 0: weight must be > 0",
+        ),
+    ],
+)
+def test_public_calls_raise_placement_error_on_edge_inputs(
+    call: Callable[[], object], message: str
+) -> None:
+    """Empty broker sets, RF or partitions of 0, and zero weights raise PlacementError."""
+    with pytest.raises(PlacementError, match=message):
+        call()
