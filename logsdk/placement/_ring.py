@@ -32,9 +32,11 @@ from typing import TypeVar
 from logsdk.errors import PlacementError
 from logsdk.placement._model import Broker
 
-#: Virtual nodes per unit of weight. With 12 equal brokers, 3 racks, 600 partitions x
-#: RF 3 the plain ring gives a max/mean of replicas per broker of 1.16 (1.16-1.25 with
-#: 64-1024 vnodes: the replica keys' own hash spread dominates); bounded loads give 1.053.
+#: Virtual nodes per unit of weight. With 12 equal brokers in 3 racks of 4 (the
+#: benchmark's layout), 600 partitions x RF 3, the plain ring's max/mean of replicas per
+#: broker is 1.16 with 256 vnodes and 1.11-1.23 over 64-1024 (racks dealt round-robin:
+#: 1.10 with 256, 1.11-1.25): not monotonic in the vnodes, the replica keys' own hash
+#: spread dominates. Bounded loads give 1.053 for each.
 DEFAULT_VNODES = 256
 #: Bound on a broker's replicas (and leaders) per topic, as a multiple of its fair share.
 DEFAULT_LOAD_FACTOR = 1.05
