@@ -351,21 +351,25 @@ class HashRing:
             for b in list(current.get(p, ()))[:replication_factor]:
                 reps.append(b if b in self._domain and b not in reps else None)
             reps += [None] * (replication_factor - len(reps))
+            slots[p] = reps
+        held: Counter[int] = Counter(b for reps in slots.values() for b in reps if b is not None)
+        for reps in slots.values():
             # Evict a same-rack replica only when filling the empty slots with fresh
-            # racks could not reach the rack spread the partition can have.
+            # racks could not reach the rack spread the partition can have; evict the one
+            # on the broker furthest above its bound (then the later one), so that the
+            # bound does not make a second replica of the partition move later.
             while True:
                 kept = [b for b in reps if b is not None]
                 if len({self._domain[b] for b in kept}) + reps.count(None) >= need:
                     break
-                seen: set[str] = set()
-                victim = 0
-                for i, x in enumerate(reps):
-                    if x is not None:
-                        if self._domain[x] in seen:
-                            victim = i
-                        seen.add(self._domain[x])
+                per_domain = Counter(self._domain[b] for b in kept)
+                _, victim, x = max(
+                    (held[x] - cap[x], i, x)
+                    for i, x in enumerate(reps)
+                    if x is not None and per_domain[self._domain[x]] > 1
+                )
+                held[x] -= 1
                 reps[victim] = None
-            slots[p] = reps
         load: Counter[int] = Counter(b for reps in slots.values() for b in reps if b is not None)
         leaders: Counter[int] = Counter(reps[0] for reps in slots.values() if reps[0] is not None)
         if gained:
@@ -527,6 +531,11 @@ class HashRing:
                 here = reps[r] if r < len(reps) else None
                 if here is None or (over_only and load[here] <= cap[here]):
                     continue
+                if None in reps:
+                    # The fill will place the empty slot, on a gainer if the walk says
+                    # so; moving another replica too would move two (a replica evicted
+                    # for a missing rack, and the one the gainer took from another rack).
+                    continue
                 others = [b for i, b in enumerate(reps) if b is not None and i != r]
                 domains = {self._domain[b] for b in others}
                 start = bisect.bisect_left(self._keys, md5_key(f"{topic}-{p}-{r}"))
@@ -583,7 +592,7 @@ class HashRing:
             g_domain = self._domain[g]
             candidates: list[tuple[bool, int, int, int]] = []
             for p, reps in slots.items():
-                if g in reps:
+                if g in reps or None in reps:
                     continue
                 for r, x in enumerate(reps):
                     if x is None or load[x] <= (cap[x] if over_only else share[x]):

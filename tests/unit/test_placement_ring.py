@@ -218,3 +218,20 @@ def test_ring_refuses_a_broker_without_rack_among_racked_ones() -> None:
         plan(cluster, "ring")
     with pytest.raises(PlacementError, match=r"brokers \[10\] have no rack"):
         HashRing(brokers)
+
+
+def test_adding_a_rack_moves_one_replica_per_partition() -> None:
+    """6 brokers in racks a/b, RF 3; a broker in a new rack c: each partition moves one replica.
+
+    Each partition must now span 3 racks, so at least 600 replicas move; evicting a
+    same-rack replica while the new broker also took another one moved two in 39 of them
+    (639).
+    """
+    old = tuple(Broker(i, rack="ab"[i % 2]) for i in range(6))
+    new = (*old, Broker(6, rack="c"))
+    topic = (Topic("logs", 600, 3),)
+    before = plan(Cluster(old, topic), "ring")
+    after = plan(Cluster(new, topic), "ring", current=before, previous=old)
+    m = metrics(after, new, previous=before)
+    assert m.moved == 600
+    assert m.rack_violations == 0
