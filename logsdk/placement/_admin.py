@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import confluent_kafka
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from logsdk._types import ClientConfig
@@ -70,9 +70,13 @@ def read_cluster(
         described = admin.describe_cluster(request_timeout=timeout).result(timeout)
         nodes = [(n.id, n.host, n.rack) for n in described.nodes]
         md = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise PlacementError(f"cannot read the cluster at {where}: {exc.args[0]}") from exc
-    except concurrent.futures.TimeoutError as exc:
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
+        # The wait on the future runs out first, or librdkafka's own request timeout
+        # does (_TIMED_OUT): the same silence either way.
+        if isinstance(exc, KafkaException):
+            err = exc.args[0] if exc.args else exc
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT):
+                raise PlacementError(f"cannot read the cluster at {where}: {err}") from exc
         raise PlacementError(
             f"cannot read the cluster at {where}: no answer within {timeout:g} s "
             "(is the bootstrap address right and the cluster up? raise --timeout if slow)"
