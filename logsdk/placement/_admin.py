@@ -6,11 +6,12 @@ are translated here into :class:`~logsdk.errors.PlacementError`.
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import confluent_kafka
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from logsdk._types import ClientConfig
@@ -25,6 +26,10 @@ def _admin(config: str | Mapping[str, Any]) -> AdminClient:
     return AdminClient(conf)
 
 
+def _bootstrap(config: str | Mapping[str, Any]) -> str:
+    return config if isinstance(config, str) else str(config.get("bootstrap.servers", ""))
+
+
 def _racks_from_configs(admin: AdminClient, ids: list[int], timeout: float) -> dict[int, str]:
     """``broker.rack`` of each broker through DescribeConfigs (when metadata lacks racks)."""
     out: dict[int, str] = {}
@@ -37,6 +42,12 @@ def _racks_from_configs(admin: AdminClient, ids: list[int], timeout: float) -> d
                 out[int(res.name)] = str(entry.value)
     except KafkaException:
         return {}  # an old broker or no permission: the racks stay unknown
+    except concurrent.futures.TimeoutError as exc:
+        # Unlike a refusal, silence may hide racks: planning without them would
+        # place replicas rack-blind, so say so instead.
+        raise PlacementError(
+            f"cannot read the brokers' racks (broker.rack): no answer within {timeout:g} s"
+        ) from exc
     return out
 
 
@@ -54,12 +65,22 @@ def read_cluster(
     Topics starting with ``__`` are left out unless ``include_internal``.
     """
     admin = _admin(config)
+    where = _bootstrap(config)
     try:
         described = admin.describe_cluster(request_timeout=timeout).result(timeout)
         nodes = [(n.id, n.host, n.rack) for n in described.nodes]
         md = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise PlacementError(f"cannot read the cluster: {exc.args[0]}") from exc
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
+        # The wait on the future runs out first, or librdkafka's own request timeout
+        # does (_TIMED_OUT): the same silence either way.
+        if isinstance(exc, KafkaException):
+            err = exc.args[0] if exc.args else exc
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT):
+                raise PlacementError(f"cannot read the cluster at {where}: {err}") from exc
+        raise PlacementError(
+            f"cannot read the cluster at {where}: no answer within {timeout:g} s "
+            "(is the bootstrap address right and the cluster up? raise --timeout if slow)"
+        ) from exc
     racks = {i: r for i, _, r in nodes if r}
     if not racks:
         racks = _racks_from_configs(admin, [i for i, _, _ in nodes], timeout)
@@ -93,6 +114,8 @@ def check_plan(cluster: Cluster, proposed: AssignmentLike) -> None:
         for p, reps in parts.items():
             if p not in cluster.current[topic]:
                 raise PlacementError(f"partition {topic}-{p} is not in the cluster")
+            if not reps:
+                raise PlacementError(f"{topic}-{p}: no replicas")
             unknown = sorted(set(reps) - known)
             if unknown:
                 raise PlacementError(f"{topic}-{p}: brokers {unknown} are not in the cluster")
@@ -113,7 +136,7 @@ def apply_plan(
     cluster = read_cluster(config, timeout=timeout)
     check_plan(cluster, proposed)
     changes = changed_partitions(cluster.current, proposed)
-    bootstrap = config if isinstance(config, str) else str(config.get("bootstrap.servers", ""))
+    bootstrap = _bootstrap(config)
     raise PlacementApplyError(
         f"cannot apply the plan ({len(changes)} partitions would change): this client has "
         f"no partition reassignment API (AlterPartitionReassignments) in confluent-kafka "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,9 @@ def _topics_spec(text: str) -> tuple[Topic, ...]:
     """``NAME:PARTITIONS:RF[:POOL],...`` or a JSON/YAML file."""
     if Path(text).is_file():
         doc = _load(text)
-        items = doc.get("topics", []) if isinstance(doc, dict) else doc
+        items = doc.get("topics") if isinstance(doc, dict) else doc
+        if not isinstance(items, list):
+            raise argparse.ArgumentTypeError(f'{text}: needs a list of topics or a "topics" list')
         try:
             return tuple(topic_from_dict(t) for t in items)
         except PlacementError as exc:
@@ -82,6 +86,17 @@ def _topics_spec(text: str) -> tuple[Topic, ...]:
     return tuple(out)
 
 
+def _load_factor(text: str) -> float:
+    """A finite float: >= 1 for the bound, 0 for the plain ring (checked by the planner)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"load factor must be a finite number, got {text!r}")
+    return value
+
+
 def _load(path: str) -> Any:
     try:
         return load_document(path)
@@ -90,7 +105,9 @@ def _load(path: str) -> Any:
 
 
 def _brokers_from_doc(doc: Any) -> tuple[Broker, ...]:
-    items = doc.get("brokers", []) if isinstance(doc, dict) else doc
+    items = doc.get("brokers") if isinstance(doc, dict) else doc
+    if not isinstance(items, list):
+        raise argparse.ArgumentTypeError('needs a list of brokers or a "brokers" list')
     try:
         return tuple(broker_from_dict(b) for b in items)
     except PlacementError as exc:
@@ -108,8 +125,10 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     else:
         cluster = Cluster(args.brokers)
     brokers = args.brokers if args.brokers is not None else cluster.brokers
-    if args.racks:
-        racks = [r for r in args.racks.split(",") if r]
+    if args.racks is not None:
+        racks = [r.strip() for r in args.racks.split(",") if r.strip()]
+        if not racks:
+            raise PlacementError(f"--racks {args.racks!r} names no rack: give R1,R2,...")
         brokers = tuple(
             b if b.rack is not None else Broker(b.id, racks[n % len(racks)], b.weight, b.pool)
             for n, b in enumerate(sorted(brokers, key=lambda b: b.id))
@@ -123,9 +142,11 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 
 def _plan(args: argparse.Namespace, cluster: Cluster) -> Assignment:
     strategy: Strategy = args.strategy
+    previous: tuple[Broker, ...] | None = getattr(args, "previous", None)
     return plan(
         cluster,
         strategy,
+        previous=previous,
         seed=args.seed,
         vnodes=args.vnodes,
         load_factor=None if args.load_factor == 0 else args.load_factor,
@@ -154,11 +175,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     proposed = _plan(args, cluster)
     current = cluster.current or None
     doc = reassignment_json(proposed, current)
-    if args.output is not None:
+    # kafka-reassign-partitions.sh rejects an empty list ("Partition reassignment list
+    # cannot be empty"): never write one.
+    nothing = not doc["partitions"]
+    if args.output is not None and not nothing:
         Path(args.output).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     m = metrics(proposed, cluster.brokers, current, pool_brokers_by_topic(cluster))
     if args.json:
         print(json.dumps(doc))
+        if nothing:
+            print("logsdk: nothing to reassign", file=sys.stderr)
         return 0
     if current:
         print(format_diff(current, proposed))
@@ -168,7 +194,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 print(f"{topic}-{p}: {reps}")
     print(f"strategy {args.strategy}:")
     print("\n".join("  " + line for line in _metrics_lines(m)))
-    if args.output is not None:
+    if nothing:
+        where = f" ({args.output} not written)" if args.output is not None else ""
+        print(f"nothing to reassign: the plan equals the current assignment{where}")
+    elif args.output is not None:
         print(f"wrote {len(doc['partitions'])} partitions to {args.output}")
     return 0
 
@@ -257,7 +286,7 @@ def _source_options(p: argparse.ArgumentParser, planning: bool = True) -> None:
         )
         s.add_argument(
             "--load-factor",
-            type=float,
+            type=_load_factor,
             default=DEFAULT_LOAD_FACTOR,
             help="ring: most replicas per broker as a multiple of its share; 0 = plain ring",
         )
@@ -281,6 +310,13 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("plan", help="plan an assignment; with --current, only what must move")
     _source_options(p)
     p.add_argument("--current", metavar="FILE", help="current assignment (reassignment JSON)")
+    p.add_argument(
+        "--previous",
+        type=_brokers_spec,
+        metavar="SPEC",
+        help="ring: the brokers --current was planned on (same forms as --brokers), so "
+        "changed weights move what the ring says (default: the brokers holding replicas)",
+    )
     p.add_argument("--json", action="store_true", help="print the reassignment JSON only")
     p.add_argument("--output", metavar="FILE", help="write the reassignment JSON to FILE")
     p.set_defaults(func=_cmd_plan)

@@ -15,6 +15,8 @@ from logsdk.errors import PlacementError
 
 
 def _check(broker_ids: Sequence[int], partitions: int, replication_factor: int) -> None:
+    if not broker_ids:
+        raise PlacementError("no brokers given")
     if partitions < 1:
         raise PlacementError(f"partitions must be >= 1, got {partitions}")
     if replication_factor < 1:
@@ -55,13 +57,16 @@ def kafka_assignment(
 ) -> dict[int, list[int]]:
     """Kafka's rack-unaware assignment: ``{partition: [broker ids]}``, leader first.
 
-    ``start_index`` is the position in ``broker_ids`` of partition 0's first replica;
-    ``shift`` is Kafka's initial ``nextReplicaShift``: partition p's replica j (j >= 1)
-    sits ``1 + (shift + p // n + j - 1) % (n - 1)`` places after its first replica
-    (n brokers). ``None`` draws either at random in ``[0, n)``, as Kafka does; Kafka's
-    ``fixedStartIndex=k`` is ``start_index=k, shift=k``. The seed's "IncreasingShift
-    initial value 1" is the offset of replica 2, i.e. ``shift=0``: with brokers 0..4,
-    ``start_index=0, shift=0`` gives the seed's table (p0 -> [0, 1, 2], p5 -> [0, 2, 3]).
+    ``start_index`` is the position in ``broker_ids`` of partition 0's first replica
+    (partition p's is at ``(p + start_index) % n``, n brokers); ``shift`` is Kafka's
+    initial ``nextReplicaShift``: partition p's replica j (j >= 1) sits
+    ``1 + (shift + m + j - 1) % (n - 1)`` places after its first replica, m counting the
+    multiples of n in ``[max(start_partition, 1), p]`` (``m = p // n`` when
+    ``start_partition`` is 0). ``None`` draws either at random in ``[0, n)``, as Kafka
+    does; Kafka's ``fixedStartIndex=k`` is ``start_index=k, shift=k``. The seed's
+    "IncreasingShift initial value 1" is the offset of replica 2, i.e. ``shift=0``: with
+    brokers 0..4, ``start_index=0, shift=0`` gives the seed's table (p0 -> [0, 1, 2],
+    p5 -> [0, 2, 3]).
     ``start_partition`` numbers the partitions from there (adding partitions).
     """
     ids = list(broker_ids)
@@ -87,6 +92,8 @@ def rack_alternated_brokers(broker_racks: Mapping[int, str]) -> list[int]:
 
     ``{0: "a", 1: "a", 2: "b", 3: "c"}`` gives ``[0, 2, 3, 1]``.
     """
+    if not broker_racks:
+        raise PlacementError("no brokers given")
     by_rack: dict[str, list[int]] = {}
     for bid, rack in broker_racks.items():
         by_rack.setdefault(rack, []).append(bid)

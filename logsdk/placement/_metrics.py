@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from logsdk.errors import PlacementError
 from logsdk.placement._model import Broker
 
 AssignmentLike = Mapping[str, Mapping[int, Sequence[int]]]
@@ -92,6 +94,9 @@ def metrics(
     ``pools`` maps a topic to the brokers it may use, for rack violations in pools.
     With ``previous``, also the replicas moved and the leader changes.
     """
+    for b in brokers:
+        if not (math.isfinite(b.weight) and b.weight > 0):
+            raise PlacementError(f"broker {b.id}: weight must be > 0, got {b.weight}")
     reps = Counter({b.id: 0 for b in brokers})
     leads = Counter({b.id: 0 for b in brokers})
     total = 0

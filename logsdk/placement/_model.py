@@ -194,36 +194,89 @@ def topic_from_dict(obj: Mapping[str, Any]) -> Topic:
     )
 
 
+def _partition_id(topic: str, value: Any) -> int:
+    """A partition number: an int, or digits (JSON object keys are strings)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    raise PlacementError(f"topic {topic!r}: partition {value!r} is not a partition number")
+
+
+def _replica_list(where: str, value: Any) -> list[int]:
+    """A non-empty list of distinct broker ids (ints >= 0, not bools)."""
+    if not isinstance(value, list):
+        raise PlacementError(f"{where}: replicas must be a list of broker ids, got {value!r}")
+    if not value:
+        raise PlacementError(f"{where}: no replicas")
+    for r in value:
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise PlacementError(f"{where}: replica {r!r} is not a broker id")
+    if len(set(value)) != len(value):
+        dup = next(r for r in value if value.count(r) > 1)
+        raise PlacementError(f"{where}: broker {dup} holds two replicas: {value}")
+    return list(value)
+
+
+def _add_partition(out: Assignment, topic: Any, part: Any, replicas: Any) -> None:
+    if not isinstance(topic, str) or not topic:
+        raise PlacementError(f"a topic name must be a non-empty string, got {topic!r}")
+    p = _partition_id(topic, part)
+    parts = out.setdefault(topic, {})
+    if p in parts:
+        raise PlacementError(f"{topic}-{p} is listed twice")
+    parts[p] = _replica_list(f"{topic}-{p}", replicas)
+
+
 def assignment_from_obj(obj: Any) -> Assignment:
-    """An assignment from ``{topic: {partition: [ids]}}`` or Kafka's reassignment JSON."""
+    """An assignment from ``{topic: {partition: [ids]}}`` or Kafka's reassignment JSON.
+
+    Partitions are ints (or digit strings), replicas non-empty lists of distinct broker
+    ids; a partition listed twice, or anything else, raises :class:`PlacementError`.
+    """
+    out: Assignment = {}
     if isinstance(obj, Mapping) and "partitions" in obj and isinstance(obj["partitions"], list):
-        out: Assignment = {}
         for entry in obj["partitions"]:
-            try:
-                topic, part, replicas = entry["topic"], entry["partition"], entry["replicas"]
-            except (KeyError, TypeError) as exc:
-                raise PlacementError(f"bad reassignment entry {entry!r}: needs {exc}") from exc
-            out.setdefault(str(topic), {})[int(part)] = [int(r) for r in replicas]
+            if not isinstance(entry, Mapping) or not {"topic", "partition", "replicas"} <= set(
+                entry
+            ):
+                raise PlacementError(
+                    f"bad reassignment entry {entry!r}: needs topic, partition and replicas"
+                )
+            _add_partition(out, entry["topic"], entry["partition"], entry["replicas"])
         return out
     if not isinstance(obj, Mapping):
-        raise PlacementError("an assignment must be an object")
-    try:
-        return {
-            str(t): {int(p): [int(r) for r in reps] for p, reps in parts.items()}
-            for t, parts in obj.items()
-        }
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise PlacementError(f"bad assignment: {exc}") from exc
+        raise PlacementError(
+            "an assignment must be an object: {topic: {partition: [broker ids]}} or "
+            'Kafka\'s {"version": 1, "partitions": [...]}'
+        )
+    for topic, parts in obj.items():
+        if not isinstance(parts, Mapping):
+            raise PlacementError(
+                f"topic {topic!r}: expected {{partition: [broker ids]}}, got {parts!r}"
+            )
+        for part, replicas in parts.items():
+            _add_partition(out, topic, part, replicas)
+    return out
 
 
 def cluster_from_dict(obj: Mapping[str, Any]) -> Cluster:
     """A validated cluster from ``{"brokers": [...], "topics": [...], "assignment": {...}}``."""
     if not isinstance(obj, Mapping) or "brokers" not in obj:
         raise PlacementError('a cluster file needs a "brokers" list')
-    brokers = tuple(broker_from_dict(b) for b in obj["brokers"])
-    topics = tuple(topic_from_dict(t) for t in obj.get("topics") or [])
-    current = assignment_from_obj(obj["assignment"]) if obj.get("assignment") else {}
+    brokers = tuple(broker_from_dict(b) for b in _list_field(obj, "brokers", "broker"))
+    topics: tuple[Topic, ...] = ()
+    if obj.get("topics") is not None:
+        topics = tuple(topic_from_dict(t) for t in _list_field(obj, "topics", "topic"))
+    current = assignment_from_obj(obj["assignment"]) if obj.get("assignment") is not None else {}
     return Cluster(brokers, topics, current).validate()
+
+
+def _list_field(obj: Mapping[str, Any], key: str, item: str) -> list[Any]:
+    value = obj[key]
+    if not isinstance(value, list):
+        raise PlacementError(f'"{key}" must be a list of {item} objects, got {value!r}')
+    return value
 
 
 def load_document(path: str | Path) -> Any:

@@ -9,7 +9,7 @@ from typing import Literal, get_args
 from logsdk.errors import PlacementError
 from logsdk.placement._kafka import kafka_assignment, kafka_rack_assignment
 from logsdk.placement._model import Assignment, Broker, Cluster, Topic
-from logsdk.placement._ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, HashRing
+from logsdk.placement._ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, HashRing, check_racks
 
 Strategy = Literal["kafka", "kafka-rack", "ring"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
@@ -49,12 +49,6 @@ def _kafka_topic(
     ids = [b.id for b in brokers]
     if rack:
         with_rack = [b for b in brokers if b.rack is not None]
-        if with_rack and len(with_rack) < len(brokers):
-            missing = [b.id for b in brokers if b.rack is None]
-            raise PlacementError(
-                f"topic {topic.name!r}: brokers {missing} have no rack; kafka-rack needs a rack "
-                "on every broker or on none"
-            )
         if with_rack:
             start, shift = _kafka_indices(seed, topic.name, len(ids))
             return kafka_rack_assignment(
@@ -95,7 +89,9 @@ def plan(
 ) -> Assignment:
     """``{topic: {partition: [broker ids]}}`` for every topic of ``cluster``, leader first.
 
-    Each topic is placed on its pool's brokers. With ``current`` (default: the
+    Each topic is placed on its pool's brokers. A topic of ``current`` must hold
+    exactly partitions ``0..partitions-1`` (a reassignment cannot add or drop any).
+    With ``current`` (default: the
     cluster's own current assignment), ``ring`` moves only what the ring says must
     move (see :meth:`HashRing.rebalance`); ``previous`` is the broker set ``current``
     was planned on (default: the brokers holding a replica in ``current``). The
@@ -113,7 +109,19 @@ def plan(
     for topic in cluster.topics:
         brokers = cluster.pool_brokers(topic.pool)
         _check_topic(topic, brokers, strict_racks)
+        if strategy != "kafka":
+            try:
+                check_racks(brokers, strategy)
+            except PlacementError as exc:
+                raise PlacementError(f"topic {topic.name!r}: {exc}") from None
         now = current.get(topic.name) if current else None
+        if now and sorted(now) != list(range(topic.partitions)):
+            raise PlacementError(
+                f"topic {topic.name!r}: the current assignment has {len(now)} partitions "
+                f"({_ranges(sorted(now))}) but the topic declares {topic.partitions}; a "
+                "reassignment can neither create nor drop partitions: give the topic its "
+                "real partition count, or the full current assignment"
+            )
         if strategy == "ring":
             ring = HashRing(brokers, vnodes)
             if now and load_factor is not None:
@@ -138,6 +146,17 @@ def plan(
             target = {p: reconcile(now.get(p, []), reps) for p, reps in target.items()}
         out[topic.name] = target
     return out
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    out: list[str] = []
+    for i in ids:
+        if out and i == int(out[-1].rsplit("-", 1)[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
 
 
 def validate_assignment(

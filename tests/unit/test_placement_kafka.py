@@ -99,3 +99,18 @@ def test_duplicate_broker_ids_are_an_error() -> None:
     """A repeated broker id raises PlacementError naming it."""
     with pytest.raises(PlacementError, match="duplicate broker id 2"):
         kafka_assignment([0, 2, 2], 3, 2, 0, 0)
+
+
+@pytest.mark.parametrize("start_partition", [0, 3, 5, 10, 11])
+def test_docstring_formula_holds_from_any_start_partition(start_partition: int) -> None:
+    """kafka_assignment's documented offsets hold when partitions are added (start_partition).
+
+    The docstring said ``p // n`` shift steps, which is wrong once start_partition > 0: the
+    steps count multiples of n from max(start_partition, 1) to p.
+    """
+    n, start, shift = 5, 2, 3
+    out = kafka_assignment(list(range(n)), 12, 3, start, shift, start_partition)
+    for p, reps in out.items():
+        m = sum(1 for c in range(max(start_partition, 1), p + 1) if c % n == 0)
+        first = (p + start) % n
+        assert reps == [first] + [(first + 1 + (shift + m + j - 1) % (n - 1)) % n for j in (1, 2)]

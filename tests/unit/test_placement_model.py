@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from logsdk.placement import (
     Broker,
     Cluster,
     Topic,
+    check_plan,
     cluster_from_dict,
     format_diff,
     load_assignment,
@@ -23,6 +27,7 @@ from logsdk.placement import (
     reassignment_json,
     reconcile,
 )
+from logsdk.placement._model import assignment_from_obj
 
 
 def test_public_names_are_pinned() -> None:
@@ -191,3 +196,112 @@ def test_metrics_count_replicas_leaders_and_racks() -> None:
     assert m.replicas == {0: 2, 1: 1, 2: 1}
     assert m.leaders == {0: 1, 1: 0, 2: 1}
     assert m.rack_violations == 1
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"t": {"0": "01"}}, r"t-0: replicas must be a list of broker ids, got '01'"),
+        ({"t": {"1": [1.7, 0]}}, r"t-1: replica 1\.7 is not a broker id"),
+        ({"t": {"0": [True, 0]}}, r"t-0: replica True is not a broker id"),
+        ({"t": {"0": []}}, r"t-0: no replicas"),
+        ({"t": {"x": [0]}}, r"topic 't': partition 'x' is not a partition number"),
+        ({"t": {"0": [0], "00": [1]}}, r"t-0 is listed twice"),
+        ({"t": {"0": [2, 2]}}, r"t-0: broker 2 holds two replicas"),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": [0, 1]}] * 2},
+            r"t-0 is listed twice",
+        ),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": "x", "replicas": [0]}]},
+            r"topic 't': partition 'x' is not a partition number",
+        ),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": 1, "replicas": []}]},
+            r"t-1: no replicas",
+        ),
+        (
+            {"version": 1, "partitions": [{"topic": "t", "partition": 0, "replicas": "01"}]},
+            r"t-0: replicas must be a list",
+        ),
+    ],
+)
+def test_bad_assignment_json_is_refused(doc: object, message: str) -> None:
+    """Replicas as text or floats, empty lists, bad or repeated partitions name the entry."""
+    with pytest.raises(PlacementError, match=message):
+        assignment_from_obj(doc)
+
+
+def test_digit_string_partitions_are_accepted() -> None:
+    """JSON object keys are strings: {"t": {"3": [1, 2]}} is partition 3."""
+    assert assignment_from_obj({"t": {"3": [1, 2]}}) == {"t": {3: [1, 2]}}
+
+
+def test_check_plan_refuses_an_empty_replica_list() -> None:
+    """apply's check names a partition with no replicas (Kafka would refuse it)."""
+    cluster = Cluster((Broker(0), Broker(1)), (Topic("t", 1, 1),), {"t": {0: [0]}})
+    with pytest.raises(PlacementError, match=r"t-0: no replicas"):
+        check_plan(cluster, {"t": {0: []}})
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"brokers": 5}, r'"brokers" must be a list of broker objects, got 5'),
+        ({"brokers": None}, r'"brokers" must be a list of broker objects, got None'),
+        ([1, 2], r'a cluster file needs a "brokers" list'),
+        ({"brokers": [{"id": 0}], "topics": 5}, r'"topics" must be a list of topic objects'),
+        ({"brokers": [{"id": 0}], "topics": {"t": 1}}, r'"topics" must be a list'),
+        ({"brokers": [{"id": 0}], "assignment": 5}, r"an assignment must be an object"),
+        (
+            {"brokers": [{"id": 0}], "assignment": {"t": {"x": [0]}}},
+            r"partition 'x' is not a partition number",
+        ),
+    ],
+)
+def test_malformed_cluster_file_is_refused(doc: object, message: str) -> None:
+    """Wrong types in a cluster document raise PlacementError naming the field."""
+    with pytest.raises(PlacementError, match=message):
+        cluster_from_dict(doc)  # type: ignore[arg-type]
+
+
+def test_cli_malformed_cluster_file_exits_1(tmp_path: Path) -> None:
+    """placement plan --cluster with "brokers": 5 exits 1 with one error line, no traceback."""
+    path = tmp_path / "c.json"
+    path.write_text('{"brokers": 5}')
+    out = subprocess.run(
+        [sys.executable, "-m", "logsdk.cli", "placement", "plan", "--cluster", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert '"brokers" must be a list' in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: placement.kafka_rack_assignment({}, 1, 1, 0, 0), "no brokers"),
+        (lambda: placement.kafka_assignment([], 1, 1, 0, 0), "no brokers"),
+        (lambda: placement.rack_alternated_brokers({}), "no brokers"),
+        (lambda: placement.ring_assignment([Broker(0)], "t", 2, 0), "replication factor"),
+        (lambda: placement.ring_assignment([Broker(0)], "t", 0, 1), "partitions"),
+        (lambda: placement.HashRing([Broker(0)]).place("t", 0, 0), "replication factor"),
+        (
+            lambda: placement.metrics({"t": {0: [0]}}, [Broker(0, weight=0.0)]),
+            "broker 0: weight must be > 0",
+        ),
+        (
+            lambda: placement.metrics({"t": {0: [0]}}, [Broker(0, weight=float("nan"))]),
+            "broker 0: weight must be > 0",
+        ),
+    ],
+)
+def test_public_calls_raise_placement_error_on_edge_inputs(
+    call: Callable[[], object], message: str
+) -> None:
+    """Empty broker sets, RF or partitions of 0, and zero weights raise PlacementError."""
+    with pytest.raises(PlacementError, match=message):
+        call()

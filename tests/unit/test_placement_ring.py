@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from logsdk.errors import PlacementError
 from logsdk.placement import (
     Broker,
     Cluster,
@@ -12,7 +15,9 @@ from logsdk.placement import (
     make_brokers,
     metrics,
     plan,
+    ring_assignment,
 )
+from logsdk.placement._ring import fair_shares
 
 RACKS = ["a", "b", "c"]
 TWELVE = Cluster(make_brokers(range(12), RACKS), (Topic("logs", 600, 3),))
@@ -112,3 +117,121 @@ def test_plain_ring_is_the_seed_algorithm() -> None:
 def test_ring_is_deterministic() -> None:
     """The same cluster always gives the same ring plan."""
     assert plan(TWELVE, "ring") == plan(TWELVE, "ring")
+
+
+def _rack_blocks(sizes: tuple[int, ...]) -> tuple[Broker, ...]:
+    """Brokers in contiguous racks a, b, c... of the given sizes (the benchmark's layout)."""
+    out: list[Broker] = []
+    for rack, size in zip("abcdef", sizes, strict=False):
+        out += [Broker(len(out) + i, rack=rack) for i in range(size)]
+    return tuple(out)
+
+
+@pytest.mark.parametrize(("sizes", "source"), [((4, 4, 4), "kafka-rack"), ((5, 4, 3), "kafka")])
+def test_new_broker_leads_at_most_its_bound_from_kafka_current(
+    sizes: tuple[int, ...], source: str
+) -> None:
+    """Adding a broker to a Kafka-planned cluster: no broker leads more than 1.05x its share."""
+    before_brokers = _rack_blocks(sizes)
+    topic = Topic("logs", 600, 3)
+    before = plan(Cluster(before_brokers, (topic,)), source)  # type: ignore[arg-type]
+    brokers = (*before_brokers, Broker(12, rack="c"))
+    after = plan(Cluster(brokers, (topic,)), "ring", current=before, previous=before_brokers)
+    m = metrics(after, brokers, previous=before)
+    bound = math.ceil(1.05 * 600 / 13)  # 49
+    assert m.leaders[12] <= bound
+    assert m.leaders_max <= bound
+    assert m.rack_violations == 0
+
+
+def test_weight_change_brings_every_broker_within_its_bound() -> None:
+    """Broker 0's weight 1 -> 3 with --current only (no previous ring): brokers end in bound.
+
+    Racks a, b, c dealt round-robin over 6 brokers, so rack a (brokers 0 and 3) holds one
+    replica of each of the 600 partitions: shares 450 / 150, bounds 473 / 158; others 315.
+    """
+    old = make_brokers(range(6), RACKS)
+    new = (Broker(0, rack="a", weight=3.0), *old[1:])
+    topic = (Topic("logs", 600, 3),)
+    before = plan(Cluster(old, topic), "ring")
+    after = plan(Cluster(new, topic), "ring", current=before)
+    m = metrics(after, new, previous=before)
+    bound = {0: 473, 1: 315, 2: 315, 3: 158, 4: 315, 5: 315}
+    assert {b: n for b, n in m.replicas.items() if n > bound[b]} == {}
+    assert m.moved == m.replicas[0] - metrics(before, old).replicas[0] > 0
+    assert m.rack_violations == 0
+
+
+def test_fair_shares_sum_to_every_replica() -> None:
+    """RF 3 over 2 racks: rack a (one broker, weight 3) holds one replica per partition.
+
+    A broker holds at most one replica of a partition, so rack b's three brokers hold
+    the other 200: the shares add up to all 300 replicas (they summed to 250).
+    """
+    brokers = (Broker(0, "a", 3.0), Broker(1, "b"), Broker(2, "b"), Broker(3, "b"))
+    shares = fair_shares(brokers, 100, 3)
+    assert shares[0] == pytest.approx(100)
+    assert [shares[i] for i in (1, 2, 3)] == pytest.approx([200 / 3] * 3)
+    assert sum(shares.values()) == pytest.approx(300)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "partitions", "bound"),
+    [((6, 6, 4, 4), 600, 95), ((3, 6, 3, 6), 300, 53)],
+)
+def test_no_broker_above_its_bound_with_uneven_racks(
+    sizes: tuple[int, ...], partitions: int, bound: int
+) -> None:
+    """RF 3 over 4 racks of uneven size: every broker's share is equal, and none exceeds 1.05x.
+
+    [6, 6, 4, 4] x 600: share 90, bound ceil(94.5); [3, 6, 3, 6] x 300: share 50, bound 53.
+    """
+    brokers = _rack_blocks(sizes)
+    out = plan(Cluster(brokers, (Topic("logs", partitions, 3),)), "ring")
+    m = metrics(out, brokers)
+    assert m.replicas_max <= bound
+    assert m.rack_violations == 0
+
+
+@pytest.mark.parametrize("load_factor", [float("nan"), float("inf"), 0.5])
+def test_bad_load_factor_raises_placement_error(load_factor: float) -> None:
+    """A NaN, infinite or below-1 load factor is a PlacementError, not ValueError/OverflowError."""
+    with pytest.raises(PlacementError, match="load factor"):
+        ring_assignment(make_brokers(range(3)), "t", 6, 2, load_factor=load_factor)
+
+
+def test_oversized_ring_is_refused() -> None:
+    """A ring of more than MAX_RING_NODES virtual nodes raises before hashing any."""
+    with pytest.raises(PlacementError, match=r"300000000 virtual nodes"):
+        HashRing(make_brokers(range(3)), vnodes_per_weight=100_000_000)
+
+
+def test_ring_refuses_a_broker_without_rack_among_racked_ones() -> None:
+    """One rackless broker among racks a and b would be a third "rack" of its own.
+
+    With RF 3 it then held a replica of every partition (600 of 1800 over 11 brokers,
+    max/mean 3.667) and nothing was flagged; kafka-rack, like Kafka, refuses the input.
+    """
+    brokers = (*(Broker(i, rack="ab"[i % 2]) for i in range(10)), Broker(10))
+    cluster = Cluster(brokers, (Topic("logs", 600, 3),))
+    with pytest.raises(PlacementError, match=r"brokers \[10\] have no rack"):
+        plan(cluster, "ring")
+    with pytest.raises(PlacementError, match=r"brokers \[10\] have no rack"):
+        HashRing(brokers)
+
+
+def test_adding_a_rack_moves_one_replica_per_partition() -> None:
+    """6 brokers in racks a/b, RF 3; a broker in a new rack c: each partition moves one replica.
+
+    Each partition must now span 3 racks, so at least 600 replicas move; evicting a
+    same-rack replica while the new broker also took another one moved two in 39 of them
+    (639).
+    """
+    old = tuple(Broker(i, rack="ab"[i % 2]) for i in range(6))
+    new = (*old, Broker(6, rack="c"))
+    topic = (Topic("logs", 600, 3),)
+    before = plan(Cluster(old, topic), "ring")
+    after = plan(Cluster(new, topic), "ring", current=before, previous=old)
+    m = metrics(after, new, previous=before)
+    assert m.moved == 600
+    assert m.rack_violations == 0
