@@ -227,6 +227,23 @@ def test_delete_counts_only_the_rows_still_there(tmp_path: Path) -> None:
         sp.close()
 
 
+def test_summary_saying_empty_while_rows_remain_is_not_trusted(tmp_path: Path) -> None:
+    """Gauges that had drifted to 0 at a clean close: the open sees a row above the
+    watermark, checks and counts the table, so those rows are replayed, not stranded."""
+    sp = Spool(tmp_path).open()
+    sp.append(_rows(7))
+    sp.count = 0  # a drifted gauge, as a bug would leave it
+    sp.close()
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["closed"]["count"] == 0
+    sp2 = Spool(tmp_path).open()
+    try:
+        assert sp2.checked_at_open
+        assert sp2.count == 7
+    finally:
+        sp2.close()
+
+
 def test_gauges_that_disagree_with_the_table_are_recounted(tmp_path: Path) -> None:
     sp = Spool(tmp_path).open()
     try:
