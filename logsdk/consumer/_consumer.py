@@ -119,6 +119,14 @@ class LogConsumer:
             if key in config and str(config[key]).lower() != str(forced).lower():
                 raise ConfigError(f"kafka_config[{key!r}] is managed by LogConsumer; remove it")
             config[key] = forced
+        strategy = str(config.get("partition.assignment.strategy", "")).lower()
+        if "cooperative" in strategy or str(config.get("group.protocol", "")).lower() == "consumer":
+            # The rebalance callbacks assign and unassign whole assignments (eager).
+            raise ConfigError(
+                "incremental (cooperative) rebalancing is not supported: remove "
+                "kafka_config['partition.assignment.strategy'] = cooperative-sticky and "
+                "group.protocol = consumer (LogConsumer uses the eager range/roundrobin protocol)"
+            )
         config.setdefault("auto.offset.reset", "earliest")
         # librdkafka's own prefetch buffer counts towards memory too: keep it within the bound.
         config.setdefault("queued.max.messages.kbytes", max(1024, min(65536, queue_bytes // 2048)))

@@ -117,6 +117,20 @@ class Run:
         return [Run(self.tp, msgs[i : i + limit]) for i in range(0, len(msgs), limit)]
 
 
+def _unassign(consumer: Consumer) -> None:
+    """End a revoke (or loss) in the rebalance callback itself (eager protocol).
+
+    Left to confluent-kafka, its fallback first asks librdkafka for the rebalance
+    protocol, a call that can block for ever inside ``close()`` (librdkafka issue 4041),
+    and it does so holding the GIL: seen once in CI, the whole process hung in
+    ``Consumer.close()`` -> rebalance_cb -> ``rd_kafka_rebalance_protocol``.
+    """
+    try:
+        consumer.unassign()
+    except (KafkaException, RuntimeError) as exc:
+        log.warning("unassign in the revoke callback failed: %s", exc)
+
+
 class KafkaConsumerClient:
     """A confluent-kafka ``Consumer`` as the fetch thread uses it (call it from that thread)."""
 
@@ -158,10 +172,16 @@ class KafkaConsumerClient:
             consumer.pause(partitions)
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
-        self._on_revoke([(p.topic, p.partition) for p in partitions])
+        try:
+            self._on_revoke([(p.topic, p.partition) for p in partitions])
+        finally:
+            _unassign(consumer)
 
     def _lost_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
-        self._on_lost([(p.topic, p.partition) for p in partitions])
+        try:
+            self._on_lost([(p.topic, p.partition) for p in partitions])
+        finally:
+            _unassign(consumer)
 
     def subscribe(self, topics: Sequence[str]) -> None:
         try:

@@ -68,6 +68,9 @@ def test_public_names() -> None:
         # at-least-once never calls commit(): what process() staged would never be written
         ({"handler": Staging()}, "semantics='exactly_once'"),
         ({"kafka_config": {"enable.auto.commit": True}}, "managed by LogConsumer"),
+        # the rebalance callbacks assign and unassign whole assignments (eager protocol)
+        ({"kafka_config": {"partition.assignment.strategy": "cooperative-sticky"}}, "cooperative"),
+        ({"kafka_config": {"group.protocol": "consumer"}}, "cooperative"),
     ],
 )
 def test_bad_arguments_raise_config_error(change: dict[str, Any], message: str) -> None:
