@@ -72,7 +72,9 @@ def raw_consume(broker: EmbeddedBroker, topic: str, n: int) -> float:
             "enable.auto.commit": False,
         }
     )
-    c.subscribe([topic])
+    # The revoke at close() unassigns itself: confluent-kafka's fallback there can hang for
+    # ever (librdkafka issue 4041), as it did once in LogConsumer before it did the same.
+    c.subscribe([topic], on_revoke=lambda consumer, _parts: consumer.unassign())
     got, t0 = 0, 0.0
     deadline = time.monotonic() + 120
     try:

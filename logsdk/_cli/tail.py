@@ -253,7 +253,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.group:
             # --idle-timeout counts from the assignment: a group join may take seconds.
-            consumer.subscribe([args.topic], on_assign=lambda *_: idle_since.__setitem__(0, now()))
+            def on_assign(c: Consumer, parts: list[TopicPartition]) -> None:
+                idle_since[0] = now()
+                c.assign(parts)
+
+            # Each callback assigns or unassigns itself: confluent-kafka's fallback asks
+            # librdkafka for the rebalance protocol, which can hang close() for ever
+            # (librdkafka issue 4041; see logsdk.consumer._kafka._unassign).
+            consumer.subscribe(
+                [args.topic], on_assign=on_assign, on_revoke=lambda c, _: c.unassign()
+            )
         else:
             md = consumer.list_topics(args.topic, timeout=10).topics.get(args.topic)
             if md is None or md.error is not None or not md.partitions:
