@@ -25,6 +25,7 @@ from logsdk._cli._common import (
     seconds,
     sigterm_as_interrupt,
 )
+from logsdk.consumer._kafka import unassign
 from logsdk.errors import ConsumerError
 
 _RESET = "\033[0m"
@@ -257,11 +258,10 @@ def run(args: argparse.Namespace) -> int:
                 idle_since[0] = now()
                 c.assign(parts)
 
-            # Each callback assigns or unassigns itself: confluent-kafka's fallback asks
-            # librdkafka for the rebalance protocol, which can hang close() for ever
-            # (librdkafka issue 4041; see logsdk.consumer._kafka._unassign).
+            # Each callback assigns or unassigns itself: confluent-kafka's fallback can hang
+            # close() for ever (see logsdk.consumer._kafka.unassign).
             consumer.subscribe(
-                [args.topic], on_assign=on_assign, on_revoke=lambda c, _: c.unassign()
+                [args.topic], on_assign=on_assign, on_revoke=lambda c, _: unassign(c)
             )
         else:
             md = consumer.list_topics(args.topic, timeout=10).topics.get(args.topic)

@@ -117,7 +117,7 @@ class Run:
         return [Run(self.tp, msgs[i : i + limit]) for i in range(0, len(msgs), limit)]
 
 
-def _unassign(consumer: Consumer) -> None:
+def unassign(consumer: Consumer) -> None:
     """End a revoke (or loss) in the rebalance callback itself (eager protocol).
 
     Left to confluent-kafka, its fallback first asks librdkafka for the rebalance
@@ -175,13 +175,13 @@ class KafkaConsumerClient:
         try:
             self._on_revoke([(p.topic, p.partition) for p in partitions])
         finally:
-            _unassign(consumer)
+            unassign(consumer)
 
     def _lost_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         try:
             self._on_lost([(p.topic, p.partition) for p in partitions])
         finally:
-            _unassign(consumer)
+            unassign(consumer)
 
     def subscribe(self, topics: Sequence[str]) -> None:
         try:
