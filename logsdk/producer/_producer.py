@@ -23,7 +23,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
@@ -45,10 +45,11 @@ from logsdk.spool._spool import (
     Headers,
     Row,
     Spool,
+    columns_bytes,
     decode_headers,
     encode_headers,
     row_size,
-    rows_bytes,
+    transpose,
 )
 
 log = logging.getLogger("logsdk.producer")
@@ -1205,13 +1206,18 @@ class LogProducer:
         True: written, except a tail the full spool had no room for (``block``/``raise``),
         which goes back where ``recs`` came from once the rest is committed."""
         rest: list[Rec] = []
-        # A record without user headers is already its row (headers None): no copy.
-        rows: list[Row] = [r if r[3] is None else _row(r) for r in recs]  # type: ignore[misc]
-        total = rows_bytes(rows)
+        n = len(recs)
+        # Transposed in C; a record's row is the record itself, but for its user headers
+        # (a list), which the spool keeps packed in one blob.
+        cols = transpose(recs)  # type: ignore[arg-type]
+        if cols[3].count(None) != n:
+            cols[3] = tuple(map(encode_headers, cols[3]))
+        total = columns_bytes(cols)
         room = self._spool.room()
         if room is not None:
             need = total
             if need > room:
+                rows: list[Row] = list(zip(*cols, strict=True))
                 sizes = [row_size(r) for r in rows]
                 policy = self.config.when_full
                 if policy == "drop_oldest":
@@ -1233,32 +1239,30 @@ class LogProducer:
                         break
                     used += s
                     fit += 1
-                if fit < len(rows):
+                if fit < n:
                     if policy in ("drop_newest", "drop_oldest"):
-                        n_drop = len(rows) - fit
-                        self._release_rows(rows[fit:])
+                        self._release_seqs(cols[5][fit:])
                         with self._lock:
-                            self._n_dropped += n_drop
-                        log.warning("spool full: dropped %d newest record(s)", n_drop)
-                        rows, total = rows[:fit], used
+                            self._n_dropped += n - fit
+                        log.warning("spool full: dropped %d newest record(s)", n - fit)
                     else:
                         # block / raise: keep the rest in memory; send() applies the policy.
                         self._spool_full = True
                         if fit == 0:
                             return False
                         rest = recs[fit:]
-                        rows, total = rows[:fit], used
+                    cols, total = transpose(rows[:fit]), used
                 else:
                     self._spool_full = False
             else:
                 self._spool_full = False
         try:
-            self._spool.append(rows, total)
+            self._spool.append_columns(cols, total)
         except SpoolError as exc:
             self._disk_alarm(exc, "write")
             return False
-        self._n_spooled += len(rows)
-        self._release_rows(rows)
+        self._n_spooled += len(cols[5])
+        self._release_seqs(cols[5])
         if rest:
             if from_backlog:
                 with self._lock:
@@ -1275,10 +1279,11 @@ class LogProducer:
             log.warning("spool usable again (%s): %s cleared", op, self._alarm)
             self._alarm = None
 
-    def _release_rows(self, rows: Sequence[Row]) -> None:
+    def _release_seqs(self, seqs: Iterable[int]) -> None:
+        """The records with these seqs left custody: free their ring slots."""
         if self._shm is not None:
-            for r in rows:
-                self._shm.settle(r[5])
+            for seq in seqs:
+                self._shm.settle(seq)
 
     def _disk_alarm(self, exc: SpoolError, op: str) -> None:
         """The spool failed ``op``; the same kind of operation succeeding clears it."""
@@ -1309,7 +1314,7 @@ class LogProducer:
                 self._spool.reject(rejects)
                 del self._rejects[: len(rejects)]
                 wrote = True
-                self._release_rows([r for r, _ in rejects])
+                self._release_seqs([r[5] for r, _ in rejects])
             if self._reject_ids:
                 pairs, self._reject_ids = self._reject_ids, []
                 try:

@@ -399,16 +399,16 @@ def test_partial_commit_to_a_full_spool_keeps_order_and_counts(
     60), and the spool holds a prefix of them in send order. Records sent meanwhile are
     refused while the spool is full (``block``), so the backlog stays behind them."""
     bootstrap, _ = _dead_bootstrap()
-    real = Spool.append
+    real = Spool.append_columns
     calls = {"n": 0}
 
-    def first_fails(self: Spool, rows: Any, total_bytes: int | None = None) -> None:
+    def first_fails(self: Spool, cols: Any, total_bytes: int | None = None) -> None:
         calls["n"] += 1
         if calls["n"] == 1:
             raise SpoolError("injected: [Errno 28] No space left on device")
-        real(self, rows, total_bytes)
+        real(self, cols, total_bytes)
 
-    monkeypatch.setattr(Spool, "append", first_fails)
+    monkeypatch.setattr(Spool, "append_columns", first_fails)
     p = LogProducer(bootstrap, "partial", tmp_path, spool_max_bytes=20_000, max_block_s=0.2, **FAST)
     try:
         for i in range(60):  # ONLINE: into librdkafka, handed back by the degrade
