@@ -504,7 +504,13 @@ class LogProducer:
                 self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flush within ``timeout``, then move every unacknowledged record to the spool."""
+        """Flush within ``timeout``, then move every unacknowledged record to the spool.
+
+        It also waits for a health probe under way to end (up to ``probe_timeout_s``, 2 s
+        by default, when Kafka is unreachable), so that nothing of this producer talks to
+        the cluster once it has returned (an abandoned probe of the topic could create it
+        on a broker that comes up later: seen in a test).
+        """
         with self._lock:
             if self._closing:
                 return

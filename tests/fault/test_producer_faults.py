@@ -395,6 +395,101 @@ def test_producer_sigkilled_while_spooling(kafka_broker: KafkaTarget, tmp_path: 
         assert rep.missing(pid, seqs) == []
 
 
+_CLOSER = textwrap.dedent(
+    """
+    import sys
+    from logsdk import LogProducer
+    p = LogProducer(sys.argv[1], sys.argv[3], sys.argv[2], stall_timeout_s=1.0,
+                    probe_interval_s=0.2, buffer_max_records=50_000)
+    for i in range(int(sys.argv[4])):
+        p.send(b"%d" % i, key=b"%d" % (i % 5))
+    print("closing", flush=True)
+    p.close(timeout=10)
+    print("closed", flush=True)
+    """
+)
+
+_OPENER = textwrap.dedent(
+    """
+    import sys, time
+    from logsdk import LogProducer
+    print("starting", flush=True)
+    p = LogProducer(sys.argv[1], sys.argv[3], sys.argv[2], probe_interval_s=0.2)
+    print("open", p.stats()["spool_records"], flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def _spooled_seqs(spool: Path) -> list[int]:
+    """The seqs in the spool, in id order, after checking the file is not corrupt."""
+    conn = sqlite3.connect(spool / "spool.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        return [s for (s,) in conn.execute("SELECT seq FROM records ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_producer_sigkilled_while_closing_then_while_opening(
+    kafka_broker: KafkaTarget, tmp_path: Path
+) -> None:
+    """10 times: a producer with Kafka down is SIGKILLed at a random point of its close()
+    (which spools what memory held, checkpoints, and leaves the summary the next open may
+    trust), then a second one at a random point of its start on that spool (which removes
+    that summary before it touches the database). The spool opens uncorrupted each time,
+    holds a gapless prefix of the records (all of them once close() returned), and a third
+    producer delivers every record in it, counting exactly those as replayed."""
+    dead = f"127.0.0.1:{free_port()}"
+    rng = random.Random(20261123)
+    closed_rounds = 0
+    for round_no in range(10):
+        spool = tmp_path / f"spool-{round_no}"
+        topic = create_topic(kafka_broker.bootstrap_servers, f"closekill-{round_no}", 2)
+        n = rng.randint(5_000, 30_000)
+        with subprocess.Popen(
+            [sys.executable, "-c", _CLOSER, dead, str(spool), topic, str(n)],
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as child:
+            assert child.stdout is not None
+            assert child.stdout.readline() == "closing\n", "the child died before close()"
+            if round_no % 3:
+                # close() takes about 2 s here: flushing into the spool, then waiting for
+                # the health probe under way (Kafka is down), then closing the spool.
+                time.sleep(rng.uniform(0.0, 2.5))
+            else:  # every third round: a clean close, so the next open may use its summary
+                assert child.stdout.readline().startswith("closed"), "close() failed"
+            child.send_signal(signal.SIGKILL)
+            out, _ = child.communicate(timeout=10)
+        seqs = _spooled_seqs(spool)
+        assert seqs == list(range(len(seqs)))
+        if round_no % 3 == 0 or out.startswith("closed"):  # close() returned: nothing lost
+            closed_rounds += 1
+            assert len(seqs) == n
+        with subprocess.Popen(
+            [sys.executable, "-c", _OPENER, dead, str(spool), topic],
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as opener:
+            assert opener.stdout is not None
+            assert opener.stdout.readline() == "starting\n", "the opener died"
+            time.sleep(rng.uniform(0.0, 0.15))
+            opener.send_signal(signal.SIGKILL)
+            out, _ = opener.communicate(timeout=10)
+        if out:  # it had opened the spool before the kill: and counted every row in it
+            assert out.split() == ["open", str(len(seqs))]
+        assert _spooled_seqs(spool) == seqs
+        with LogProducer(kafka_broker.bootstrap_servers, topic, spool, **FAST) as p:
+            assert p.stats()["spool_records"] == len(seqs)
+            wait_until(lambda: p.stats()["spool_records"] == 0, 30, "the spool to drain")
+            pid = p.producer_id
+            assert p.stats()["replayed"] == len(seqs)
+        rep = check_delivery(read_topic(kafka_broker.bootstrap_servers, topic))
+        assert rep.missing(pid, seqs) == []
+    assert closed_rounds >= 4
+
+
 _REPLAYER = textwrap.dedent(
     """
     import sys, time
