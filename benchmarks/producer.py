@@ -145,7 +145,7 @@ def sdk_produce(
         if p.flush(120):
             raise RuntimeError("LogProducer did not deliver everything")
         dt = time.perf_counter() - t0
-        assert p.stats()["acked"] == len(values)
+        assert p.stats()["acked"] == len(values), p.stats()
     return len(values) / dt, samples
 
 
@@ -173,7 +173,7 @@ def sdk_produce_shm(
         if p.flush(120):
             raise RuntimeError("LogProducer(buffer='shm') did not deliver everything")
         dt = time.perf_counter() - t0
-        assert p.stats()["acked"] == len(values)
+        assert p.stats()["acked"] == len(values), p.stats()
         rss, shmem = _rss_mib()
     return len(values) / dt, rss, shmem
 
