@@ -341,6 +341,23 @@ def test_a_logging_lock_held_by_a_sender_never_deadlocks_the_pump(
     assert rep.missing(p.producer_id, range(sent[0])) == []
 
 
+def _child(script: str, *args: str) -> subprocess.Popen[str]:
+    """``python -c script args...`` with its stdout readable line by line."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True
+    )
+
+
+def _spooled_seqs(spool: Path) -> list[int]:
+    """The seqs in the spool, in id order, after checking the file is not corrupt."""
+    conn = sqlite3.connect(spool / "spool.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        return [s for (s,) in conn.execute("SELECT seq FROM records ORDER BY id")]
+    finally:
+        conn.close()
+
+
 _CHILD = textwrap.dedent(
     """
     import sys, time
@@ -366,11 +383,7 @@ def test_producer_sigkilled_while_spooling(kafka_broker: KafkaTarget, tmp_path: 
     for round_no in range(20):
         spool = tmp_path / f"spool-{round_no}"
         topic = create_topic(kafka_broker.bootstrap_servers, f"sigkill-{round_no}", 2)
-        with subprocess.Popen(
-            [sys.executable, "-c", _CHILD, dead, str(spool), topic],
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as child:
+        with _child(_CHILD, dead, str(spool), topic) as child:
             assert child.stdout is not None
             child.stdout.readline()  # it is sending
             time.sleep(rng.uniform(0.02, 0.5))
@@ -378,12 +391,7 @@ def test_producer_sigkilled_while_spooling(kafka_broker: KafkaTarget, tmp_path: 
             out, _ = child.communicate(timeout=10)
         reported = [int(x) for x in out.split()]
         last_reported = reported[-1] if reported else 0
-        conn = sqlite3.connect(spool / "spool.db")
-        try:
-            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-            seqs = [s for (s,) in conn.execute("SELECT seq FROM records ORDER BY id")]
-        finally:
-            conn.close()
+        seqs = _spooled_seqs(spool)
         # Everything the dead producer reported as committed is there, as a gapless prefix.
         assert len(seqs) >= last_reported
         assert seqs == list(range(len(seqs)))
@@ -421,16 +429,6 @@ _OPENER = textwrap.dedent(
 )
 
 
-def _spooled_seqs(spool: Path) -> list[int]:
-    """The seqs in the spool, in id order, after checking the file is not corrupt."""
-    conn = sqlite3.connect(spool / "spool.db")
-    try:
-        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        return [s for (s,) in conn.execute("SELECT seq FROM records ORDER BY id")]
-    finally:
-        conn.close()
-
-
 def test_producer_sigkilled_while_closing_then_while_opening(
     kafka_broker: KafkaTarget, tmp_path: Path
 ) -> None:
@@ -447,11 +445,7 @@ def test_producer_sigkilled_while_closing_then_while_opening(
         spool = tmp_path / f"spool-{round_no}"
         topic = create_topic(kafka_broker.bootstrap_servers, f"closekill-{round_no}", 2)
         n = rng.randint(5_000, 30_000)
-        with subprocess.Popen(
-            [sys.executable, "-c", _CLOSER, dead, str(spool), topic, str(n)],
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as child:
+        with _child(_CLOSER, dead, str(spool), topic, str(n)) as child:
             assert child.stdout is not None
             assert child.stdout.readline() == "closing\n", "the child died before close()"
             if round_no % 3:
@@ -467,11 +461,7 @@ def test_producer_sigkilled_while_closing_then_while_opening(
         if round_no % 3 == 0 or out.startswith("closed"):  # close() returned: nothing lost
             closed_rounds += 1
             assert len(seqs) == n
-        with subprocess.Popen(
-            [sys.executable, "-c", _OPENER, dead, str(spool), topic],
-            stdout=subprocess.PIPE,
-            text=True,
-        ) as opener:
+        with _child(_OPENER, dead, str(spool), topic) as opener:
             assert opener.stdout is not None
             assert opener.stdout.readline() == "starting\n", "the opener died"
             time.sleep(rng.uniform(0.0, 0.15))
@@ -517,11 +507,7 @@ def test_producer_sigkilled_while_replaying(broker_factory: BrokerFactory, tmp_p
     assert p.stats()["spool_records"] == n
     broker = broker_factory()
     topic = create_topic(broker.bootstrap_servers, "replayed", 3)
-    with subprocess.Popen(
-        [sys.executable, "-c", _REPLAYER, broker.bootstrap_servers, str(spool), topic],
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as child:
+    with _child(_REPLAYER, broker.bootstrap_servers, str(spool), topic) as child:
         assert child.stdout is not None
         replayed = 0
         deadline = time.monotonic() + 60
@@ -534,12 +520,7 @@ def test_producer_sigkilled_while_replaying(broker_factory: BrokerFactory, tmp_p
         out, _ = child.communicate(timeout=10)
     replayed = max([replayed, *(int(x) for x in out.split())])
     assert replayed < n
-    conn = sqlite3.connect(spool / "spool.db")
-    try:
-        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        left = [s for (s,) in conn.execute("SELECT seq FROM records ORDER BY id")]
-    finally:
-        conn.close()
+    left = _spooled_seqs(spool)
     # What the dead producer counted as replayed is out of the spool; the rest is a suffix.
     assert 0 < len(left) <= n - replayed
     assert left == list(range(n - len(left), n))
