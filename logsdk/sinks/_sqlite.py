@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlite_utils
 
+from logsdk._sqlparams import BLOB, blob_params
 from logsdk.consumer._records import Record, RecordBatch, TopicPartition, columns_of
 from logsdk.errors import ConfigError, FencedError, SinkError
 
@@ -91,10 +92,12 @@ class SQLiteSink:
         # avoids the busy handler's sleeps (up to 100 ms each) when threads collide.
         self._write_lock = threading.Lock()
         columns = "(topic, partition, offset, key, value, timestamp, producer, seq)"
-        self._insert = f"INSERT INTO [{self.table}] {columns} VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        # key and value come as blob_params (bytearray, or 0 for None): see logsdk._sqlparams.
+        row = f"(?, ?, ?, {BLOB.format('?')}, {BLOB.format('?')}, ?, ?, ?)"
+        self._insert = f"INSERT INTO [{self.table}] {columns} VALUES {row}"
         # Many rows per statement: one sqlite3 step (one GIL release) per _ROWS_PER_INSERT.
         self._insert_many = f"INSERT INTO [{self.table}] {columns} VALUES " + ", ".join(
-            ["(?, ?, ?, ?, ?, ?, ?, ?)"] * _ROWS_PER_INSERT
+            [row] * _ROWS_PER_INSERT
         )
         #: Records skipped by dedupe in this process.
         self.deduplicated = 0
@@ -205,8 +208,8 @@ class SQLiteSink:
                     topics,
                     partitions,
                     offsets,
-                    cols.keys,
-                    cols.values,
+                    blob_params(cols.keys),
+                    blob_params(cols.values),
                     cols.timestamps,
                     producers,
                     seqs,

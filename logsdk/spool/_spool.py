@@ -54,6 +54,7 @@ from typing import Any
 
 import sqlite_utils
 
+from logsdk._sqlparams import BLOB, blob_params
 from logsdk.errors import ConfigError, SpoolError, SpoolLockedError
 
 log = logging.getLogger("logsdk.spool")
@@ -146,10 +147,9 @@ class _Checkpointer:
 def _values_sql(j: int, n: int) -> str:
     """Row ``j`` of an ``n``-row INSERT: its id (the first id ``?1`` + j), its 6 fields and
     its size computed from them. The parameters are laid out by column (all the topics,
-    then all the keys, ...: see :func:`_params`); a blob column binds int 0 for None
-    (``nullif`` turns it back into NULL) and a bytearray for bytes."""
+    then all the keys, ...), blob columns as :func:`~logsdk._sqlparams.blob_params`."""
     t, k, v, h, ts, s = (f"?{2 + c * n + j}" for c in range(6))
-    blobs = [f"nullif({p}, 0)" for p in (k, v, h)]
+    blobs = [BLOB.format(p) for p in (k, v, h)]
     size = " + ".join(f"ifnull(length({b}), 0)" for b in blobs)
     return f"(?1 + {j}, {t}, {', '.join(blobs)}, {ts}, {s}, {ROW_OVERHEAD} + {size})"
 
@@ -158,22 +158,6 @@ def _insert_sql(n: int) -> str:
     return f"INSERT INTO records_all (id, {_COLUMNS}) VALUES " + ", ".join(
         _values_sql(j, n) for j in range(n)
     )
-
-
-def _blob_params(column: tuple[bytes | None, ...]) -> list[bytearray | int]:
-    """A blob column as parameters Python's sqlite3 binds without its adapter lookup.
-
-    It binds int, float, str and bytearray directly, but looks every other object up in
-    its adapter registry first (``bytes`` and ``None`` too): 350 ns a bytes and 275 ns a
-    None parameter, against 85 ns for a bytearray (copy included: 60-110 ns) and 22 ns for
-    an int (measured, Python 3.11, while holding the GIL that ``send()`` needs).
-    """
-    nones = column.count(None)
-    if not nones:
-        return list(map(bytearray, column))  # type: ignore[arg-type]  # no None in it
-    if nones == len(column):
-        return [0] * nones
-    return [0 if b is None else bytearray(b) for b in column]
 
 
 #: Rows per multi-row INSERT, largest first (6 parameters a row + the first id: 1000 rows
@@ -690,11 +674,11 @@ class Spool:
             # all, where executemany releases and re-takes the GIL per row (a sender
             # thread then holds it up to a switch interval each time); the parameters
             # are the first id and the rows' fields, column by column (sliced in C, no
-            # tuple built per row; blobs as _blob_params). Ids are given, from the
+            # tuple built per row; blobs as blob_params). Ids are given, from the
             # highest this spool has held: SQLite would number an emptied table from 1
             # again, under ids the producer has already replayed and deleted (its replay
             # cursor is past them).
-            blobs = [_blob_params(keys), _blob_params(values), _blob_params(headers)]
+            blobs = [blob_params(keys), blob_params(values), blob_params(headers)]
             top = self._top_id
             i = 0
             for size, sql in self._chunks:

@@ -155,3 +155,28 @@ def test_large_batch_rows_and_header_columns(tmp_path: Path) -> None:
     assert got[3] == (3, b"v3", 1, None, None)
     assert got[4] == (4, b"v4", 1, None, None)
     assert got[149] == (149, b"v149", 1, "p1", 149)
+
+
+@pytest.mark.parametrize("kinds", ["mixed", "bytes", "none", "empty"])
+def test_keys_and_values_are_stored_as_they_came(tmp_path: Path, kinds: str) -> None:
+    """Keys and values (bound as bytearrays, None as 0 read back through nullif) are stored
+    as they came, through both the 64-row statement and the single-row one: None stays
+    NULL, b"" stays an empty BLOB, bytes stay bytes."""
+    pick = {
+        "mixed": lambda o: (None, b"", b"k%d" % o)[o % 3],
+        "bytes": lambda o: b"k%d" % o,
+        "none": lambda o: None,
+        "empty": lambda o: b"",
+    }[kinds]
+    batch = [Record("logs", 0, o, pick(o), pick(o + 1), [], 1) for o in range(70)]
+    with SQLiteSink(tmp_path / "s.db") as sink:
+        sink.process(batch)
+        sink.commit({TP: 70})
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        got = conn.execute(
+            "SELECT key, value, typeof(key), typeof(value) FROM records ORDER BY offset"
+        ).fetchall()
+    conn.close()
+    assert [(k, v) for k, v, _, _ in got] == [(r.key, r.value) for r in batch]
+    blob_or_null = {"blob", "null"}
+    assert all({tk, tv} <= blob_or_null for _, _, tk, tv in got)
