@@ -33,6 +33,9 @@ SEEN_TABLE = "logsdk_seen"
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: Rows per multi-row INSERT (x 8 columns stays below SQLite's oldest 999-variable limit).
 _ROWS_PER_INSERT = 64
+#: (producer, seq) pairs per dedupe statement (2 variables each, below 999).
+_DEDUPE_ROWS = 256
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 class _ThreadState(threading.local):
@@ -305,6 +308,39 @@ class SQLiteSink:
     def _dedupe(
         self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]
     ) -> list[tuple[Any, ...]]:
+        """The rows whose (producer, seq) was not stored yet (the first of a pair repeated
+        within ``rows``), each pair stored now; rows without both headers are all kept.
+
+        One multi-row ``INSERT OR IGNORE ... RETURNING`` per _DEDUPE_ROWS pairs: SQLite
+        returns the pairs it inserted, never the ones it ignored (one statement per row
+        released and re-took the GIL for each)."""
+        if not _RETURNING:
+            return self._dedupe_row_by_row(conn, rows)
+        pairs = [(r[6], r[7]) for r in rows if r[6] is not None and r[7] is not None]
+        new: set[tuple[str, int]] = set()
+        for i in range(0, len(pairs), _DEDUPE_ROWS):
+            chunk = pairs[i : i + _DEDUPE_ROWS]
+            sql = (
+                f"INSERT OR IGNORE INTO {SEEN_TABLE} (producer, seq) VALUES "
+                + ", ".join(["(?, ?)"] * len(chunk))
+                + " RETURNING producer, seq"
+            )
+            new.update(conn.execute(sql, list(chain.from_iterable(chunk))).fetchall())
+        kept = []
+        for row in rows:
+            pair = (row[6], row[7])
+            if pair[0] is not None and pair[1] is not None:
+                if pair not in new:
+                    continue
+                new.discard(pair)  # a second copy within this batch is a duplicate too
+            kept.append(row)
+        return kept
+
+    @staticmethod
+    def _dedupe_row_by_row(
+        conn: sqlite3.Connection, rows: list[tuple[Any, ...]]
+    ) -> list[tuple[Any, ...]]:
+        """:meth:`_dedupe` for SQLite before 3.35 (no RETURNING): one statement a row."""
         kept = []
         for row in rows:
             producer, seq = row[6], row[7]

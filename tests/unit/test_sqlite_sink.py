@@ -12,6 +12,7 @@ import pytest
 from logsdk.consumer import Record
 from logsdk.errors import ConfigError, FencedError
 from logsdk.sinks import SQLiteSink
+from logsdk.sinks import _sqlite as sink_module
 
 TP = ("logs", 0)
 
@@ -180,3 +181,37 @@ def test_keys_and_values_are_stored_as_they_came(tmp_path: Path, kinds: str) -> 
     assert [(k, v) for k, v, _, _ in got] == [(r.key, r.value) for r in batch]
     blob_or_null = {"blob", "null"}
     assert all({tk, tv} <= blob_or_null for _, _, tk, tv in got)
+
+
+@pytest.mark.parametrize("returning", [True, False])
+def test_dedupe_within_a_batch_and_across_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, returning: bool
+) -> None:
+    """Dedupe keeps the first copy of each (producer, seq), whether the copies are in one
+    batch or in two, keeps rows without the headers, and over 256 pairs (several dedupe
+    statements) too; with RETURNING (SQLite >= 3.35) and row by row (older SQLite)."""
+    monkeypatch.setattr(sink_module, "_RETURNING", returning)
+
+    def rec(offset: int, producer: bytes | None, seq: int) -> Record:
+        hs = (
+            [] if producer is None else [("logsdk.producer", producer), ("logsdk.seq", b"%d" % seq)]
+        )
+        return Record("logs", 0, offset, None, b"%d" % offset, hs, 1)
+
+    first = [rec(o, b"p1", o % 300) for o in range(600)]  # seqs 0..299 twice
+    first += [rec(600, None, 0), rec(601, None, 0)]  # no headers: both kept
+    first += [rec(602, b"p2", 5)]
+    second = [rec(603, b"p2", 5), rec(604, b"p2", 6), rec(605, b"p1", 299)]
+    with SQLiteSink(tmp_path / "s.db", dedupe=True) as sink:
+        sink.process(first)
+        sink.commit({TP: 603})
+        assert sink.count() == 300 + 2 + 1
+        assert sink.deduplicated == 300
+        sink.process(second)
+        sink.commit({TP: 606})
+        assert sink.count() == 304
+        assert sink.deduplicated == 302
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        got = [o for (o,) in conn.execute("SELECT offset FROM records ORDER BY offset")]
+    conn.close()
+    assert got == [*range(300), 600, 601, 602, 604]
