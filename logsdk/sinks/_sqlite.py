@@ -22,7 +22,7 @@ from typing import Any
 
 import sqlite_utils
 
-from logsdk._sqlparams import BLOB, blob_params
+from logsdk._sqlparams import blob_params
 from logsdk.consumer._records import Record, RecordBatch, TopicPartition, columns_of
 from logsdk.errors import ConfigError, FencedError, SinkError
 
@@ -95,8 +95,8 @@ class SQLiteSink:
         # avoids the busy handler's sleeps (up to 100 ms each) when threads collide.
         self._write_lock = threading.Lock()
         columns = "(topic, partition, offset, key, value, timestamp, producer, seq)"
-        # key and value come as blob_params (bytearray, or 0 for None): see logsdk._sqlparams.
-        row = f"(?, ?, ?, {BLOB.format('?')}, {BLOB.format('?')}, ?, ?, ?)"
+        # key and value are bound as blob_params: see logsdk._sqlparams.
+        row = "(?, ?, ?, ?, ?, ?, ?, ?)"
         self._insert = f"INSERT INTO [{self.table}] {columns} VALUES {row}"
         # Many rows per statement: one sqlite3 step (one GIL release) per _ROWS_PER_INSERT.
         self._insert_many = f"INSERT INTO [{self.table}] {columns} VALUES " + ", ".join(

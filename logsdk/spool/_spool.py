@@ -54,7 +54,7 @@ from typing import Any
 
 import sqlite_utils
 
-from logsdk._sqlparams import BLOB, blob_params
+from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolError, SpoolLockedError
 
 log = logging.getLogger("logsdk.spool")
@@ -149,9 +149,8 @@ def _values_sql(j: int, n: int) -> str:
     its size computed from them. The parameters are laid out by column (all the topics,
     then all the keys, ...), blob columns as :func:`~logsdk._sqlparams.blob_params`."""
     t, k, v, h, ts, s = (f"?{2 + c * n + j}" for c in range(6))
-    blobs = [BLOB.format(p) for p in (k, v, h)]
-    size = " + ".join(f"ifnull(length({b}), 0)" for b in blobs)
-    return f"(?1 + {j}, {t}, {', '.join(blobs)}, {ts}, {s}, {ROW_OVERHEAD} + {size})"
+    size = " + ".join(f"ifnull(length({b}), 0)" for b in (k, v, h))
+    return f"(?1 + {j}, {t}, {k}, {v}, {h}, {ts}, {s}, {ROW_OVERHEAD} + {size})"
 
 
 def _insert_sql(n: int) -> str:
