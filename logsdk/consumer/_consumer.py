@@ -205,7 +205,10 @@ class LogConsumer:
             topics=self._topics,
             queue_size=queue_size,
             queue_bytes=queue_bytes,
-            fetch_batch=min(1000, max(1, queue_size // 4)),
+            # Records asked of one consume() call. 2500 (the default queue_size's quarter)
+            # rather than 1000: consumer.at_least_once at 200 B went 0.825 -> 0.892 of the
+            # raw loop (5 alternating rounds of 1M records; 1 KiB unchanged, 0.97-0.99).
+            fetch_batch=min(5000, max(1, queue_size // 4)),
             commit_interval=float(commit_interval),
             rebalance_timeout=float(rebalance_timeout),
             exactly_once=exactly_once,
