@@ -234,13 +234,19 @@ class SQLiteSink:
         for hs in headers:
             producer = seq = None
             if hs:
-                h = dict(hs)
-                p = h.get(PRODUCER_HEADER)
+                p: bytes | None
+                v: bytes | None
+                if len(hs) > 1 and hs[-1][0] == SEQ_HEADER and hs[-2][0] == PRODUCER_HEADER:
+                    # How LogProducer sends them: last, in this order (so each is the last
+                    # of its name), without building a dict.
+                    p, v = hs[-2][1], hs[-1][1]
+                else:
+                    h = dict(hs)
+                    p, v = h.get(PRODUCER_HEADER), h.get(SEQ_HEADER)
                 if p is not None:
                     producer = names.get(p)
                     if producer is None:
                         producer = names[p] = p.decode("utf-8", "replace")
-                v = h.get(SEQ_HEADER)
                 if v is not None:
                     try:
                         seq = int(v)

@@ -169,7 +169,7 @@ def test_keys_and_values_are_stored_as_they_came(tmp_path: Path, kinds: str) -> 
         "bytes": lambda o: b"k%d" % o,
         "none": lambda o: None,
         "empty": lambda o: b"",
-        "str": lambda o: (None, "", "k%d" % o)[o % 3],
+        "str": lambda o: (None, "", f"k{o}")[o % 3],
         "int": lambda o: (None, 0, o)[o % 3],
     }[kinds]
     batch = [Record("logs", 0, o, pick(o), pick(o + 1), [], 1) for o in range(70)]
@@ -218,3 +218,22 @@ def test_dedupe_within_a_batch_and_across_batches(
         got = [o for (o,) in conn.execute("SELECT offset FROM records ORDER BY offset")]
     conn.close()
     assert got == [*range(300), 600, 601, 602, 604]
+
+
+def test_producer_and_seq_headers_last_of_a_name_wins(tmp_path: Path) -> None:
+    """The producer and seq columns take the last header of each name, whether the two
+    end the list in LogProducer's order (the fast path) or not."""
+    p, s = "logsdk.producer", "logsdk.seq"
+    cases = [
+        ([(p, b"a"), (s, b"1")], ("a", 1)),
+        ([(s, b"9"), (p, b"a"), (s, b"2")], ("a", 2)),
+        ([(p, b"a"), (p, b"b"), (s, b"3")], ("b", 3)),
+        ([(p, b"a"), (s, b"4"), ("x", b"y")], ("a", 4)),
+        ([(s, b"5"), (p, b"c")], ("c", 5)),
+        ([(p, b"a"), (s, b"not a number")], ("a", None)),
+        ([("x", b"y")], (None, None)),
+        ([], (None, None)),
+    ]
+    with SQLiteSink(tmp_path / "s.db") as sink:
+        producers, seqs = sink._header_columns([hs for hs, _ in cases])
+    assert list(zip(producers, seqs, strict=True)) == [want for _, want in cases]
