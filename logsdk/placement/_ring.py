@@ -26,7 +26,7 @@ import bisect
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from logsdk.errors import PlacementError
@@ -44,6 +44,8 @@ DEFAULT_LOAD_FACTOR = 1.05
 MAX_RING_NODES = 1_000_000
 
 K = TypeVar("K", bound=Hashable)
+L = TypeVar("L")  # the label of an edge of _shortest_chain
+S = TypeVar("S")  # the state _shortest_chain carries along a path
 
 
 def water_fill(
@@ -441,6 +443,20 @@ class HashRing:
             holds[x].discard(p)
             holds[y].add(p)
 
+        def replica_moves(
+            u: int, used: frozenset[int]
+        ) -> Iterator[tuple[int, tuple[int, int], frozenset[int]]]:
+            # Moves of u's replicas to other brokers, on partitions not used earlier in the
+            # chain (so each move stays allowed).
+            for p in sorted(holds[u] - used):
+                reps = slots[p]
+                i = reps.index(u)
+                after = used | {p}
+                for y in sorted(load):
+                    if self._spread_ok(reps, i, y):
+                        yield y, (p, i), after
+
+        none_used: frozenset[int] = frozenset()
         for x in sorted(load):
             for floor_ok in (True, False):
                 if load[x] <= cap[x]:
@@ -468,41 +484,15 @@ class HashRing:
                     if reps[i] == x and room(y) and self._spread_ok(reps, i, y):
                         move(p, i, y)
                         moves += 1
+
             while load[x] > cap[x]:
-                # Shortest chain of moves from x to a broker below its bound, each move
-                # on a partition not used earlier in the chain (so each stays allowed).
-                parent: dict[int, tuple[int, int, int]] = {}
-                used: dict[int, frozenset[int]] = {x: frozenset()}
-                frontier = [x]
-                sink: int | None = None
-                while frontier and sink is None:
-                    nxt: list[int] = []
-                    for u in frontier:
-                        for p in sorted(holds[u] - used[u]):
-                            reps = slots[p]
-                            i = reps.index(u)
-                            for y in sorted(load):
-                                if y in used or not self._spread_ok(reps, i, y):
-                                    continue
-                                parent[y] = (u, p, i)
-                                used[y] = used[u] | {p}
-                                if load[y] < cap[y]:
-                                    sink = y
-                                    break
-                                nxt.append(y)
-                            if sink is not None:
-                                break
-                        if sink is not None:
-                            break
-                    frontier = nxt
-                if sink is None:
+                # Shortest chain of moves from x to a broker below its bound.
+                chain = _shortest_chain(x, none_used, replica_moves, lambda y: load[y] < cap[y])
+                if chain is None:
                     break
-                y = sink
-                while y != x:
-                    u, p, i = parent[y]
+                for _, (p, i), y in chain:
                     move(p, i, y)
                     moves += 1
-                    y = u
         return moves
 
     def _take_arcs(
@@ -636,42 +626,65 @@ def balance_leaders(assignment: dict[int, list[int]], lcap: Mapping[int, int]) -
         if reps:
             led.setdefault(reps[0], set()).add(p)
     swaps = 0
+
+    def followers(u: int, _: None) -> Iterator[tuple[int, int, None]]:
+        # An edge u -> y is a partition u leads that y follows.
+        for p in sorted(led.get(u, ())):
+            for y in assignment[p][1:]:
+                yield y, p, None
+
     for x in sorted(led):
         while len(led[x]) > lcap.get(x, 0):
-            # Breadth-first over brokers: an edge u -> y is a partition u leads that y follows.
-            parent: dict[int, tuple[int, int]] = {}
-            frontier = [x]
-            sink: int | None = None
-            while frontier and sink is None:
-                nxt: list[int] = []
-                for u in frontier:
-                    for p in sorted(led.get(u, ())):
-                        for y in assignment[p][1:]:
-                            if y == x or y in parent:
-                                continue
-                            parent[y] = (u, p)
-                            if len(led.get(y, ())) < lcap.get(y, 0):
-                                sink = y
-                                break
-                            nxt.append(y)
-                        if sink is not None:
-                            break
-                    if sink is not None:
-                        break
-                frontier = nxt
-            if sink is None:
+            chain = _shortest_chain(
+                x, None, followers, lambda y: len(led.get(y, ())) < lcap.get(y, 0)
+            )
+            if chain is None:
                 break
-            y = sink
-            while y != x:
-                u, p = parent[y]
+            for u, p, y in chain:
                 reps = assignment[p]
                 i = reps.index(y)
                 reps[0], reps[i] = y, u
                 led[u].discard(p)
                 led.setdefault(y, set()).add(p)
                 swaps += 1
-                y = u
     return swaps
+
+
+def _shortest_chain(
+    start: int,
+    state: S,
+    edges: Callable[[int, S], Iterable[tuple[int, L, S]]],
+    is_sink: Callable[[int], bool],
+) -> list[tuple[int, L, int]] | None:
+    """Breadth-first from broker ``start`` to the first broker ``is_sink`` accepts.
+
+    ``edges(u, state of u)`` yields ``(y, label, state of y)`` in the order to try them; a
+    broker is entered once, by the first edge that reaches it, and the search stops at the
+    first sink it enters. Returns the chain's edges ``(u, label, y)`` from the sink back
+    to ``start`` (the order to apply them in, so each target has room when it is used),
+    or None when no sink is reachable.
+    """
+    parent: dict[int, tuple[int, L]] = {}
+    states = {start: state}
+    frontier = [start]
+    while frontier:
+        nxt: list[int] = []
+        for u in frontier:
+            for y, label, after in edges(u, states[u]):
+                if y in states:
+                    continue
+                parent[y] = (u, label)
+                states[y] = after
+                if is_sink(y):
+                    chain = []
+                    while y != start:
+                        u, label = parent[y]
+                        chain.append((u, label, y))
+                        y = u
+                    return chain
+                nxt.append(y)
+        frontier = nxt
+    return None
 
 
 def ring_assignment(
