@@ -252,11 +252,6 @@ def columns_bytes(cols: Columns) -> int:
     )
 
 
-def rows_bytes(rows: Sequence[Row]) -> int:
-    """``sum(row_size(r) for r in rows)``."""
-    return columns_bytes(transpose(rows))
-
-
 def is_disk_full(exc: BaseException) -> bool:
     """True for SQLITE_FULL / ENOSPC-style errors."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -648,13 +643,10 @@ class Spool:
                 conn.execute("ROLLBACK")
             raise
 
-    def append(self, rows: Sequence[Row], total_bytes: int | None = None) -> None:
-        """Commit ``rows`` in one transaction; on error nothing is committed.
-
-        ``total_bytes`` (:func:`rows_bytes` of ``rows``), when the caller has it, saves a
-        pass. Each row's ``size`` column is computed by SQLite from the row itself.
-        """
-        self.append_columns(transpose(rows), total_bytes)
+    def append(self, rows: Sequence[Row]) -> None:
+        """Commit ``rows`` in one transaction; on error nothing is committed. Each row's
+        ``size`` column is computed by SQLite from the row itself."""
+        self.append_columns(transpose(rows))
 
     def append_columns(self, cols: Columns, total_bytes: int | None = None) -> None:
         """:meth:`append` of rows already transposed (:func:`transpose`); ``total_bytes``

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from logsdk.errors import ConfigError, SpoolLockedError
 from logsdk.spool import Spool, decode_headers, encode_headers
-from logsdk.spool._spool import id_runs, row_size, rows_bytes
+from logsdk.spool._spool import id_runs, row_size
 
 headers_st = st.lists(
     st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50))), max_size=6
@@ -51,7 +51,7 @@ def test_append_any_batch_size_round_trips_with_sizes(tmp_path: Path, n: int) ->
         assert [tuple(g[1:7]) for g in got] == rows
         assert [g[7] for g in got] == [row_size(r) for r in rows]
         assert sp.count == n
-        assert sp.bytes == rows_bytes(rows) == sum(row_size(r) for r in rows)
+        assert sp.bytes == sum(row_size(r) for r in rows)
         # Deleting a few runs (and an id already gone) keeps the accounting exact.
         ids = [g[0] for g in got]
         gone = ids[1::3] + ids[:1]
@@ -85,7 +85,7 @@ def test_columns_of_one_kind_round_trip(tmp_path: Path, kind: str) -> None:
         plain = None if v is None else bytes(v)
         want_h = hdr if kind == "bytes" else plain
         assert [g[2:5] for g in got] == [(plain, plain, want_h)] * len(rows)
-        assert sp.bytes == sum(g[7] for g in got) == rows_bytes(rows)
+        assert sp.bytes == sum(g[7] for g in got) == sum(map(row_size, rows))
     finally:
         sp.close()
 
@@ -373,7 +373,7 @@ def test_acknowledged_rows_below_the_watermark_are_deleted_past_a_quarter_of_the
     """With rows still to replay, the acknowledged ones are deleted for real by the next
     append once they hold a quarter of spool_max_bytes, so new rows reuse their pages."""
     rows = _rows(40)
-    cap = rows_bytes(rows) * 2
+    cap = sum(map(row_size, rows)) * 2
     sp = Spool(tmp_path, max_bytes=cap).open()
     try:
         sp.append(rows)
@@ -386,7 +386,7 @@ def test_acknowledged_rows_below_the_watermark_are_deleted_past_a_quarter_of_the
         sp.append(_rows(1, start=41))
         assert _rows_in_file(tmp_path, "records_all") == list(range(25, 42))
         assert _rows_in_file(tmp_path, "records") == list(range(25, 42))
-        assert (sp.count, sp.bytes) == (17, rows_bytes(_rows(17, start=25)))
+        assert (sp.count, sp.bytes) == (17, sum(map(row_size, _rows(17, start=25))))
     finally:
         sp.close()
 
