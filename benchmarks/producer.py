@@ -324,11 +324,11 @@ def run(
     records: int, rounds: int, sizes: list[int], only: str | None = None
 ) -> list[dict[str, Any]]:
     """Every figure; ``only="replay"``: producer.replay alone (the spill that fills its
-    spool still runs, unrecorded)."""
+    spool still runs, unrecorded); ``only="shm"``: producer.shm alone."""
     results: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="logsdk-bench-"))
     try:
-        for size in sizes:
+        for size in sizes if only != "shm" else []:
             with EmbeddedBroker() as broker:
                 values = _values(records, size)
                 params = {"records": records, "value_bytes": size, "rounds": rounds}
@@ -419,7 +419,7 @@ def run(
                     )
                 )
                 results.append(_replay_result(size, rep_sdk, rep_raw, params))
-        if only is None:
+        if only in (None, "shm"):
             for size in sizes:
                 with EmbeddedBroker() as broker:
                     results.extend(run_shm(broker, records, rounds, [size]))
@@ -437,7 +437,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default="200,1024", help="value sizes in bytes, comma list")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
-    ap.add_argument("--only", choices=["replay"], help="measure this figure alone")
+    ap.add_argument("--only", choices=["replay", "shm"], help="measure this figure alone")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     results = run(args.records, args.rounds, [int(s) for s in args.sizes.split(",")], args.only)

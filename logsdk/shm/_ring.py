@@ -23,8 +23,21 @@ Invariants:
   pos equals the position it is read at and its CRC matches, so a stale frame from an
   earlier lap, a torn write or corrupt bytes are never taken for a record, and a reader
   that meets one resynchronises on the next valid frame instead of stopping;
-- a frame is written completely before ``head`` moves past it, and ``tail`` is published
-  before the space behind it is reused, so [tail, head) is readable at every instant;
+- ``tail`` is published before the space behind it is reused, so every frame from the
+  tail on is readable at every instant. ``head`` is published lazily, by the writer: when
+  the frames written since the last publication would pass ``_SYNC`` bytes (256 KiB; an
+  eighth of a smaller ring), when the tail moves, after a wrap, and at close. Frames past
+  it are found by their pos and CRC (a frame's magic and CRC are written after its body,
+  so a put torn by a crash reads as invalid). They all end within ``_SYNC`` bytes of the
+  published head; a reader scans ``2 * _SYNC`` bytes past it (the margin covers a torn
+  copy of the head read as its previous value), skipping invalid regions, and stops. An
+  invalid region before the published head, or followed by a valid frame, is counted as
+  corrupt; one past it with no valid frame after it is the put a crash interrupted
+  (send() had not returned) and is not counted. The price: garbage written into the last
+  frames put since the head was published, with no valid frame after them, is skipped
+  without being counted;
+- every page of the segment is allocated at open (``posix_fallocate``): a sparse segment
+  on a full /dev/shm would kill the writer with SIGBUS at its first touch of a page;
 - head and tail are each stored twice with a check word, the two copies written one after
   the other by separate writes: a crash tears at most one copy, and a reader takes the
   first valid one (never both at once with one ``struct.pack_into``: CPython zero-fills
@@ -42,7 +55,6 @@ Invariants:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import hashlib
@@ -53,12 +65,12 @@ import re
 import stat
 import struct
 import threading
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import posix_ipc
+from zlib_ng.zlib_ng import crc32
 
 from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
 from logsdk.spool._spool import Headers, Row, Spool, encode_headers
@@ -91,6 +103,7 @@ _FIXED = 30  # payload bytes before topic, key, value, headers
 _BODY = struct.Struct("<IQQqHiii")  # L, pos, seq, ts, topic len, key, value, headers len
 _PAYLOAD = struct.Struct("<QqHiii")
 _PADBODY = struct.Struct("<IQ")
+_SYNC = 256 * 1024  # bytes of frames between two publications of the head, at most
 
 _NAME_RE = re.compile(r"^/[A-Za-z0-9._-]{1,200}$")
 
@@ -139,11 +152,15 @@ class ShmRing:
         self.capacity = len(mm) - HEADER_SIZE
         self._head = 0
         self._tail = 0
+        self._sync = min(_SYNC, self.capacity // 8)
+        # put() writes frames ending up to here without a look at the indexes: the end of
+        # the lap, of the room before the tail, and of _sync bytes past the published head.
+        self._fast_until = 0
         # -- in-process bookkeeping: the shared bytes are for recovery, never trusted live --
-        self._open: dict[int, int] = {}  # seq -> byte offset of its unsettled frame
-        self._order: collections.deque[tuple[int, int]] = collections.deque()  # (seq, end)
+        # seq -> position of its unsettled frame, in ring order (a dict keeps insertion
+        # order, and frames are written in position order): the first is the tail.
+        self._open: dict[int, int] = {}
         self._topics: dict[str, bytes] = {}
-        self._puts = 0
         self._settled: list[int] = []  # seqs settle() noted, not yet flagged in the ring
         # Flagging settled frames (drain) and the tail's advance (the writer) take this
         # lock, so a slot's settled flag is written before its space can be reused.
@@ -213,7 +230,7 @@ class ShmRing:
                 magic = head_page[:8]
                 blank = head_page[:HEADER_SIZE] == bytes(HEADER_SIZE)
             if magic == MAGIC:
-                ring = cls(name, shm, mmap.mmap(fd, st.st_size))
+                ring = cls(name, shm, _map(fd, st.st_size))
                 try:
                     ring._check_header(producer_id)
                     ring._recover()
@@ -229,7 +246,13 @@ class ShmRing:
         elif st.st_size != 0:
             raise ShmError(f"shared memory segment {name} is truncated ({st.st_size} bytes)")
         if ring is None:
-            ring = cls._fresh(name, shm, capacity)
+            try:
+                ring = cls._fresh(name, shm, capacity)
+            except ShmError:
+                if st.st_size == 0:  # ours, and empty: leave nothing behind in /dev/shm
+                    with contextlib.suppress(posix_ipc.ExistentialError):
+                        shm.unlink()
+                raise
         ring._capacity_wanted = capacity
         ring._start = start
         ring._producer_id = producer_id
@@ -240,11 +263,8 @@ class ShmRing:
 
     @classmethod
     def _fresh(cls, name: str, shm: posix_ipc.SharedMemory, capacity: int) -> ShmRing:
-        try:
-            os.ftruncate(shm.fd, HEADER_SIZE + capacity)
-        except OSError as exc:
-            raise ShmError(f"cannot size shared memory segment {name}: {exc}") from exc
-        return cls(name, shm, mmap.mmap(shm.fd, HEADER_SIZE + capacity))
+        _reserve(name, shm.fd, HEADER_SIZE + capacity)
+        return cls(name, shm, _map(shm.fd, HEADER_SIZE + capacity))
 
     def reset(self) -> None:
         """Forget every record in the ring (the recovered ones are safe elsewhere now) and
@@ -253,12 +273,11 @@ class ShmRing:
         if capacity != self.capacity:
             self._mm[0:8] = bytes(8)  # uninitialised until the new header is complete
             self._mm.close()
-            try:
-                os.ftruncate(self._shm.fd, HEADER_SIZE + capacity)
-            except OSError as exc:
-                raise ShmError(f"cannot resize shared memory segment {self.name}: {exc}") from exc
-            self._mm = mmap.mmap(self._shm.fd, HEADER_SIZE + capacity)
+            _reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
+            self._mm = _map(self._shm.fd, HEADER_SIZE + capacity)
             self.capacity = capacity
+        else:  # a segment left by a dead owner may be sparse (written before this check)
+            _reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
         # Positions continue after the old head: no stale frame can ever match one.
         start = (self._start + 7) // 8 * 8
         mm = self._mm
@@ -274,8 +293,8 @@ class ShmRing:
         _publish_slot(mm, _HEAD_OFF, start)
         mm[0:8] = MAGIC
         self._head = start
+        self._fast_until = start  # the first put() goes through _make_room()
         self._open.clear()
-        self._order.clear()
         self._settled.clear()
         self.recovered = []
 
@@ -283,6 +302,8 @@ class ShmRing:
         """Unmap and release ownership; ``unlink`` removes the segment (a clean close)."""
         if self.closed:
             return
+        if not unlink:  # the next reader starts from the true head: no scan past it
+            _publish_slot(self._mm, _HEAD_OFF, self._head)
         self.closed = True
         if unlink:
             with contextlib.suppress(posix_ipc.ExistentialError):
@@ -341,41 +362,53 @@ class ShmRing:
         hl = -1 if hb is None else len(hb)
         n = _FIXED + len(tb) + (kl if kl > 0 else 0) + (vl if vl > 0 else 0) + (hl if hl > 0 else 0)
         size = (_FRAME + n + 7) & ~7
+        pos = self._head
+        if pos + size > self._fast_until:
+            # The frame wraps, the ring may be full, or the head is due to be published.
+            if not self._make_room(size):
+                return False
+            pos = self._head
+        off = pos % self.capacity
+        # One copy of the payload: the body is assembled once, written once, summed once.
+        body = _BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl)
+        body = b"".join((body, tb, k or b"", v or b"", hb or b""))
+        b = HEADER_SIZE + off
+        mm = self._mm
+        mm[b + 12 : b + 12 + len(body)] = body
+        _F3.pack_into(mm, b, _REC, crc32(body), 0)  # magic and CRC last: see the layout
+        self._open[seq] = pos
+        self._head = pos + size
+        return True
+
+    def _make_room(self, size: int) -> bool:
+        """Before a frame of ``size`` bytes at the head: publish the head, move the tail
+        past the settled frames, and pad the end of the lap if the frame would cross it.
+        False when the ring has no room for it now."""
         cap = self.capacity
         pos = self._head
         off = pos % cap
         room = cap - off
         need = size if size <= room else room + size
-        self._puts += 1
-        if pos + need - self._tail > cap or not self._puts & 1023:
-            self._advance()  # every 1024 puts too, so the published tail stays near
-            if pos + need - self._tail > cap:
-                if size > cap // 2:
-                    raise RecordTooLargeError(
-                        f"record of {size} bytes does not fit the shm ring (shm_bytes={cap})"
-                    )
-                return False
-        mm = self._mm
+        self._advance()
+        if pos + need - self._tail > cap:
+            if size > cap // 2:
+                raise RecordTooLargeError(
+                    f"record of {size} bytes does not fit the shm ring (shm_bytes={cap})"
+                )
+            return False
         if size > room:
+            mm = self._mm
             if room >= _FRAME:  # below that, readers skip to the next lap by themselves
                 pad = _PADBODY.pack(room - _FRAME, pos)
                 b = HEADER_SIZE + off
                 mm[b + 12 : b + 24] = pad
-                _F3.pack_into(mm, b, _PAD, zlib.crc32(pad), 0)
+                _F3.pack_into(mm, b, _PAD, crc32(pad), 0)
             pos += room
             off = 0
-        # One copy of the payload: the body is assembled once, written once, summed once.
-        body = _BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl)
-        body = b"".join((body, tb, k or b"", v or b"", hb or b""))
-        b = HEADER_SIZE + off
-        mm[b + 12 : b + 12 + len(body)] = body
-        _F3.pack_into(mm, b, _REC, zlib.crc32(body), 0)
-        head = pos + size
-        self._head = head
-        # Published last: a crash before this line leaves the frame outside [tail, head).
-        _publish_slot(mm, _HEAD_OFF, head)
-        self._open[seq] = b
-        self._order.append((seq, head))
+            self._head = pos
+            # Published: a reader must not have to scan a long pad for the next frame.
+            _publish_slot(mm, _HEAD_OFF, pos)
+        self._fast_until = min(pos + self._sync, pos - off + cap, self._tail + cap)
         return True
 
     def _topic_bytes(self, topic: str) -> bytes:
@@ -419,22 +452,24 @@ class ShmRing:
         del settled[:n]
         pop = self._open.pop
         flag = not self.closed  # a closed ring is unmapped: only the bookkeeping remains
-        mm = self._mm
+        mm, cap = self._mm, self.capacity
         for seq in batch:
-            b = pop(seq, None)
-            if b is not None and flag:
-                mm[b + 8] = 1
+            pos = pop(seq, None)
+            if pos is not None and flag:
+                mm[HEADER_SIZE + 8 + pos % cap] = 1
 
     def _advance(self) -> None:
-        """Move the tail past the settled frames at its end (caller serialises with put)."""
-        order, open_ = self._order, self._open
-        tail = self._tail
+        """Publish the head, and move the tail up to the oldest unsettled frame (caller
+        serialises with put). The head first: the published tail never passes it."""
+        head = self._head
+        _publish_slot(self._mm, _HEAD_OFF, head)
+        open_ = self._open
         with self._settle_lock:  # a drain between its pop and its flag write ends first
             self._drain()
-            while order and order[0][0] not in open_:
-                tail = order.popleft()[1]
-        if not order:
-            tail = self._head
+            # The first key of the open set is its oldest frame (scanning past the entries
+            # removed since the dict last compacted: amortised O(1) a settled record).
+            first = next(iter(open_), None)
+            tail = head if first is None else open_[first]
         if tail != self._tail:
             self._publish_tail(tail)
 
@@ -472,9 +507,12 @@ class ShmRing:
             if not quiet:
                 log.error("shm %s: tail index unreadable; scanning one full lap", self.name)
             tail = max(0, head - cap)
-        self._head, self._tail = head, tail
         rows: list[Row] = []
-        for off in self._valid_frames(tail, head):
+        limit = min(tail + cap, head + 2 * self._sync)
+        # Positions go on after the scanned window (reset()), past every frame written
+        # after the head was published: none of those can ever match a new position.
+        self._head, self._tail = max(head, limit), tail
+        for off in self._valid_frames(tail, head, limit):
             if self._mm[off + 8] == 0:
                 row = self._decode(off)
                 if row is None:
@@ -489,19 +527,26 @@ class ShmRing:
                 self.corrupt,
             )
 
-    def _valid_frames(self, tail: int, head: int) -> Iterator[int]:
-        """Byte offsets of the valid REC frames in [tail, head); counts corrupt regions."""
+    def _valid_frames(self, tail: int, head: int, limit: int) -> Iterator[int]:
+        """Byte offsets of the valid REC frames from ``tail`` on: up to the published
+        ``head``, then those starting before ``limit`` (written after the head was last
+        published). Counts the corrupt regions: an invalid region followed by a valid
+        frame, or one before ``head``; past ``head``, an invalid region with no valid frame
+        after it is the end (a write a crash interrupted, or nothing)."""
         cap = self.capacity
+        end = tail + cap  # no frame reaches past this
         pos = tail
-        while pos < head:
+        while pos < limit:
             room = cap - pos % cap
             if room < _FRAME:
                 pos += room
                 continue
-            size = self._frame_size(pos, head)
+            size = self._frame_size(pos, end)
             if size is None:
-                self.corrupt += 1
-                pos = self._resync(pos + 8, head)
+                nxt = self._resync(pos + 8, limit, end)
+                if nxt < limit or pos < head:
+                    self.corrupt += 1
+                pos = nxt
                 continue
             off = HEADER_SIZE + pos % cap
             if struct.unpack_from("<I", self._mm, off)[0] == _REC:
@@ -519,23 +564,24 @@ class ShmRing:
         if fpos != pos:
             return None
         if magic == _PAD:
-            if n != room - _FRAME or zlib.crc32(self._mm[b + 12 : b + 24]) != crc:
+            if n != room - _FRAME or crc32(self._mm[b + 12 : b + 24]) != crc:
                 return None
             return room
         if magic != _REC or n < _FIXED or _FRAME + n > room:
             return None
         size = (_FRAME + int(n) + 7) & ~7
-        if pos + size > end or zlib.crc32(self._mm[b + 12 : b + _FRAME + n]) != crc:
+        if pos + size > end or crc32(self._mm[b + 12 : b + _FRAME + n]) != crc:
             return None
         return size
 
-    def _resync(self, pos: int, end: int) -> int:
-        """The position of the next valid frame at or after ``pos`` (``end`` if none)."""
+    def _resync(self, pos: int, limit: int, end: int) -> int:
+        """The position of the next valid frame starting at or after ``pos`` and before
+        ``limit`` (``limit`` if none); no frame reaches past ``end``."""
         cap, mm = self.capacity, self._mm
         pos = (pos + 7) // 8 * 8
-        while pos < end:
+        while pos < limit:
             off = pos % cap
-            stop = min(end, pos + cap - off)  # this lap's end
+            stop = min(limit, pos + cap - off)  # this lap's end
             lo, hi = HEADER_SIZE + off, HEADER_SIZE + off + (stop - pos)
             i = mm.find(_FMAGIC, lo, hi)
             while i != -1:
@@ -566,6 +612,33 @@ class ShmRing:
                 parts.append(bytes(mm[i : i + ln]))
                 i += ln
         return (topic, parts[0], parts[1], parts[2], None if ts < 0 else ts, seq)
+
+
+def _reserve(name: str, fd: int, size: int) -> None:
+    """Size the segment and allocate every page of it now. A sparse segment on a full
+    /dev/shm would kill the process with SIGBUS at the first write to a page that cannot
+    be allocated; here it is a clear error at open instead."""
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # give back what was allocated
+        free = ""
+        with contextlib.suppress(OSError):
+            st = os.statvfs(SHM_DIR)
+            free = f" ({st.f_bavail * st.f_frsize >> 20} MiB free in {SHM_DIR})"
+        raise ShmError(
+            f"cannot allocate {size} bytes for shared memory segment {name}{free}: {exc}; "
+            "lower shm_bytes or make room in /dev/shm"
+        ) from exc
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    """Map the whole segment read-write, its page tables filled at once where the platform
+    can (MAP_POPULATE): no page fault on the send path during the first lap."""
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, size, flags=flags)
 
 
 def _publish_slot(mm: mmap.mmap | bytearray, off: int, value: int) -> None:
