@@ -45,10 +45,11 @@ Invariants:
   unreadable);
 - a record's frame stays unsettled until Kafka acknowledged it or the spool committed it,
   and the tail never passes an unsettled frame. :meth:`ShmRing.settle` only notes the
-  seq; the flag is written by :meth:`ShmRing.drain_settled` (the producer's pump, after
-  each poll) or by the writer before it moves the tail, both under one lock, so no flag
-  is ever written into space the tail has already given back. A crash before a flag is
-  written resends that record: a duplicate, never a loss;
+  seq; :meth:`ShmRing.drain_settled` (the producer's pump, after each poll) and the
+  writer, when it publishes the head, move the tail up to the oldest unsettled frame and
+  flag the settled frames past it, under one lock, so no flag is ever written into space
+  the tail has already given back. A crash before that resends the record: a duplicate,
+  never a loss;
 - one live owner per segment: an exclusive ``flock`` on the segment's descriptor, which
   the kernel releases when the owner dies, so a dead owner never blocks recovery.
 """
@@ -65,7 +66,7 @@ import re
 import stat
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,7 @@ class ShmRing:
         self._mm = mm
         self.capacity = len(mm) - HEADER_SIZE
         self._head = 0
+        self._head_pub = 0  # the head as last published: the tail never passes it
         self._tail = 0
         self._sync = min(_SYNC, self.capacity // 8)
         # put() writes frames ending up to here without a look at the indexes: the end of
@@ -162,6 +164,11 @@ class ShmRing:
         self._open: dict[int, int] = {}
         self._topics: dict[str, bytes] = {}
         self._settled: list[int] = []  # seqs settle() noted, not yet flagged in the ring
+        #: ``settle(seq)``: the record ``seq`` is acknowledged or committed to the spool:
+        #: free its slot. Only notes it (any thread, no lock; the list's own append, called
+        #: once per acknowledgement); :meth:`drain_settled` or the writer's next advance
+        #: lets the tail pass the frame, or flags it.
+        self.settle: Callable[[int], None] = self._settled.append
         # Flagging settled frames (drain) and the tail's advance (the writer) take this
         # lock, so a slot's settled flag is written before its space can be reused.
         self._settle_lock = threading.Lock()
@@ -292,7 +299,7 @@ class ShmRing:
         self._publish_tail(start)
         _publish_slot(mm, _HEAD_OFF, start)
         mm[0:8] = MAGIC
-        self._head = start
+        self._head = self._head_pub = start
         self._fast_until = start  # the first put() goes through _make_room()
         self._open.clear()
         self._settled.clear()
@@ -408,6 +415,7 @@ class ShmRing:
             self._head = pos
             # Published: a reader must not have to scan a long pad for the next frame.
             _publish_slot(mm, _HEAD_OFF, pos)
+            self._head_pub = pos
         self._fast_until = min(pos + self._sync, pos - off + cap, self._tail + cap)
         return True
 
@@ -417,17 +425,10 @@ class ShmRing:
             self._topics[topic] = tb
         return tb
 
-    def settle(self, seq: int) -> None:
-        """The record ``seq`` is acknowledged or committed to the spool: free its slot.
-
-        Only notes it (any thread, no lock); :meth:`drain_settled` or the writer's next
-        advance flags the frame and lets the tail pass it."""
-        self._settled.append(seq)
-
     def drain_settled(self) -> None:
-        """Flag the frames of the records settled so far, so a recovering reader skips
-        them (fewer duplicates after a crash). Any thread; the producer's pump calls it
-        after each poll."""
+        """Let the tail pass the frames of the records settled so far, and flag those it
+        cannot pass yet, so a recovering reader skips them (fewer duplicates after a
+        crash). Any thread; the producer's pump calls it after each poll."""
         if self._settled:
             with self._settle_lock:
                 self._drain()
@@ -440,38 +441,46 @@ class ShmRing:
             self._drain()
 
     def _drain(self) -> None:
-        """Caller holds _settle_lock: nothing moves the tail meanwhile, so every frame
-        still in _open is in [tail, head) and its flag byte is its own."""
+        """Take the settled records out of the open set, publish the tail at the oldest
+        frame still open, and flag the settled frames the tail has not passed (records
+        acknowledged out of order), so a recovering reader skips them.
+
+        Caller holds _settle_lock: nothing else moves the tail meanwhile, so every frame
+        still in _open is at or past the tail and its flag byte is its own."""
         settled = self._settled
         n = len(settled)
-        if not n:
+        done: list[int | None] = []
+        if n:
+            # Copy, then delete that prefix: settle() may append meanwhile (both are single
+            # list operations under the GIL), and what it appends stays for the next drain.
+            batch = settled[:n]
+            del settled[:n]
+            pop = self._open.pop
+            done = [pop(seq, None) for seq in batch]
+        if self.closed:  # unmapped: only the bookkeeping remains
             return
-        # Copy, then delete that prefix: settle() may append meanwhile (both are single
-        # list operations under the GIL), and what it appends stays for the next drain.
-        batch = settled[:n]
-        del settled[:n]
-        pop = self._open.pop
-        flag = not self.closed  # a closed ring is unmapped: only the bookkeeping remains
+        open_ = self._open
+        # The first key of the open set is its oldest frame (found past the entries removed
+        # since the dict last compacted: amortised O(1) a settled record). Never past the
+        # published head: a reader takes a tail beyond the head for a torn index.
+        first = next(iter(open_), None)
+        tail = self._head_pub if first is None else min(open_[first], self._head_pub)
+        if tail > self._tail:
+            self._publish_tail(tail)
+        tail = self._tail
         mm, cap = self._mm, self.capacity
-        for seq in batch:
-            pos = pop(seq, None)
-            if pos is not None and flag:
+        for pos in done:
+            if pos is not None and pos >= tail:
                 mm[HEADER_SIZE + 8 + pos % cap] = 1
 
     def _advance(self) -> None:
-        """Publish the head, and move the tail up to the oldest unsettled frame (caller
-        serialises with put). The head first: the published tail never passes it."""
+        """Publish the head, then the tail (caller serialises with put): the published
+        tail never passes the published head."""
         head = self._head
         _publish_slot(self._mm, _HEAD_OFF, head)
-        open_ = self._open
+        self._head_pub = head
         with self._settle_lock:  # a drain between its pop and its flag write ends first
             self._drain()
-            # The first key of the open set is its oldest frame (scanning past the entries
-            # removed since the dict last compacted: amortised O(1) a settled record).
-            first = next(iter(open_), None)
-            tail = head if first is None else open_[first]
-        if tail != self._tail:
-            self._publish_tail(tail)
 
     def _publish_tail(self, tail: int) -> None:
         _publish_slot(self._mm, _TAIL_OFF, tail)
