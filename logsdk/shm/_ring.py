@@ -26,16 +26,16 @@ Invariants:
 - ``tail`` is published before the space behind it is reused, so every frame from the
   tail on is readable at every instant. ``head`` is published lazily, by the writer: when
   the frames written since the last publication would pass ``_SYNC`` bytes (256 KiB; an
-  eighth of a smaller ring), when the tail moves, after a wrap, and at close. Frames past
-  it are found by their pos and CRC (a frame's magic and CRC are written after its body,
-  so a put torn by a crash reads as invalid). They all end within ``_SYNC`` bytes of the
-  published head; a reader scans ``2 * _SYNC`` bytes past it (the margin covers a torn
-  copy of the head read as its previous value), skipping invalid regions, and stops. An
-  invalid region before the published head, or followed by a valid frame, is counted as
-  corrupt; one past it with no valid frame after it is the put a crash interrupted
-  (send() had not returned) and is not counted. The price: garbage written into the last
-  frames put since the head was published, with no valid frame after them, is skipped
-  without being counted;
+  eighth of a smaller ring), when a put finds the ring full, after a wrap, and at close.
+  Frames past it are found by their pos and CRC (a frame's CRC is written after its
+  body, so a put torn by a crash reads as invalid). They all end within ``_SYNC`` bytes
+  of the published head; a reader scans ``2 * _SYNC`` bytes past it (the margin covers a
+  torn copy of the head read as its previous value), skipping invalid regions, and
+  stops. An invalid region before the published head, or followed by a valid frame, is
+  counted as corrupt; one past it with no valid frame after it is the put a crash
+  interrupted (send() had not returned) and is not counted. The price: garbage written
+  into the last frames put since the head was published, with no valid frame after
+  them, is skipped without being counted;
 - every page of the segment is allocated at open (``posix_fallocate``): a sparse segment
   on a full /dev/shm would kill the writer with SIGBUS at its first touch of a page;
 - head and tail are each stored twice with a check word, the two copies written one after
@@ -177,6 +177,7 @@ class ShmRing:
         self.n_recovered = 0  # records moved to the spool at attach
         self.closed = False
         self._capacity_wanted = self.capacity
+        self._reserved = False  # every page allocated (_reserve)
         self._start = 0  # where positions continue after reset()
         self._producer_id = ""
         self._spool_dir = ""
@@ -271,7 +272,9 @@ class ShmRing:
     @classmethod
     def _fresh(cls, name: str, shm: posix_ipc.SharedMemory, capacity: int) -> ShmRing:
         _reserve(name, shm.fd, HEADER_SIZE + capacity)
-        return cls(name, shm, _map(shm.fd, HEADER_SIZE + capacity))
+        ring = cls(name, shm, _map(shm.fd, HEADER_SIZE + capacity))
+        ring._reserved = True
+        return ring
 
     def reset(self) -> None:
         """Forget every record in the ring (the recovered ones are safe elsewhere now) and
@@ -283,8 +286,9 @@ class ShmRing:
             _reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
             self._mm = _map(self._shm.fd, HEADER_SIZE + capacity)
             self.capacity = capacity
-        else:  # a segment left by a dead owner may be sparse (written before this check)
+        elif not self._reserved:  # a dead owner's segment may be sparse (an older logsdk)
             _reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
+        self._reserved = True
         # Positions continue after the old head: no stale frame can ever match one.
         start = (self._start + 7) // 8 * 8
         mm = self._mm
