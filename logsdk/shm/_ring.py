@@ -367,11 +367,21 @@ class ShmRing:
         tb = self._topics.get(topic)
         if tb is None:
             tb = self._topic_bytes(topic)
-        hb = encode_headers(h) if h else None
-        kl = -1 if k is None else len(k)
-        vl = -1 if v is None else len(v)
-        hl = -1 if hb is None else len(hb)
-        n = _FIXED + len(tb) + (kl if kl > 0 else 0) + (vl if vl > 0 else 0) + (hl if hl > 0 else 0)
+        # Lengths as stored (-1: None); a None becomes b"" for the join.
+        if k is None:
+            k, kl = b"", -1
+        else:
+            kl = len(k)
+        if v is None:
+            v, vl = b"", -1
+        else:
+            vl = len(v)
+        if h:
+            hb = encode_headers(h)
+            hl = len(hb)
+        else:
+            hb, hl = b"", -1
+        n = _FIXED + len(tb) + len(k) + len(v) + len(hb)
         size = (_FRAME + n + 7) & ~7
         pos = self._head
         if pos + size > self._fast_until:
@@ -379,13 +389,13 @@ class ShmRing:
             if not self._make_room(size):
                 return False
             pos = self._head
-        off = pos % self.capacity
+        b = HEADER_SIZE + pos % self.capacity
         # One copy of the payload: the body is assembled once, written once, summed once.
-        body = _BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl)
-        body = b"".join((body, tb, k or b"", v or b"", hb or b""))
-        b = HEADER_SIZE + off
+        body = b"".join(
+            (_BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl), tb, k, v, hb)
+        )
         mm = self._mm
-        mm[b + 12 : b + 12 + len(body)] = body
+        mm[b + 12 : b + 24 + n] = body
         _F3.pack_into(mm, b, _REC, crc32(body), 0)  # magic and CRC last: see the layout
         self._open[seq] = pos
         self._head = pos + size
