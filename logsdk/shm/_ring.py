@@ -376,11 +376,11 @@ class ShmRing:
             v, vl = b"", -1
         else:
             vl = len(v)
-        if h:
-            hb = encode_headers(h)
-            hl = len(hb)
-        else:
+        hb = encode_headers(h) if h else None
+        if hb is None:
             hb, hl = b"", -1
+        else:
+            hl = len(hb)
         n = _FIXED + len(tb) + len(k) + len(v) + len(hb)
         size = (_FRAME + n + 7) & ~7
         pos = self._head
