@@ -45,6 +45,16 @@ def crash(ring: ShmRing) -> None:
     ring._shm.close_fd()
 
 
+def reread(name: str, tmp_path: Path) -> tuple[list[int], int]:
+    """What the next owner reads back from the segment: the seqs of the records it
+    recovers, in order, and the corrupt regions it counted."""
+    again = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        return [r[5] for r in again.recovered], again.corrupt
+    finally:
+        again.close(unlink=True)
+
+
 def poke(name: str, find: bytes, data: bytes, delta: int = 0) -> None:
     """Overwrite bytes of the segment at the first occurrence of ``find`` (+ ``delta``)."""
     shm = posix_ipc.SharedMemory(name, 0)
@@ -145,12 +155,7 @@ def test_frames_past_the_published_head_are_read_back_a_torn_write_is_not(
     assert _slot(segment_bytes(name, HEAD_SLOTS, 32), 0) == 0  # not published yet
     crash(ring)
     write_at(name, frame_start(name, 9), bytes(12))  # body written, header not yet
-    again = ShmRing.attach(name, CAP, PID, tmp_path)
-    try:
-        assert [r[5] for r in again.recovered] == list(range(9))
-        assert again.corrupt == 0
-    finally:
-        again.close(unlink=True)
+    assert reread(name, tmp_path) == (list(range(9)), 0)
 
 
 def test_a_torn_copy_of_the_head_falls_back_to_the_other(name: str, tmp_path: Path) -> None:
@@ -166,12 +171,7 @@ def test_a_torn_copy_of_the_head_falls_back_to_the_other(name: str, tmp_path: Pa
     assert _slot(slots, 0) not in (None, 0)
     crash(ring)
     write_at(name, HEAD_SLOTS, b"\xff" * 5 + slots[5:16] + slots[16:])
-    again = ShmRing.attach(name, CAP, PID, tmp_path)
-    try:
-        assert [r[5] for r in again.recovered] == list(range(250, 300))
-        assert again.corrupt == 0
-    finally:
-        again.close(unlink=True)
+    assert reread(name, tmp_path) == (list(range(250, 300)), 0)
 
 
 @pytest.mark.parametrize(
@@ -211,12 +211,7 @@ def test_corrupt_last_frame_past_the_published_head_reads_as_the_end(
         ring.put(rec(i))
     crash(ring)
     poke(name, b"rec-%06d|" % 199, b"\x00garbage\xff", 3)
-    again = ShmRing.attach(name, CAP, PID, tmp_path)
-    try:
-        assert [r[5] for r in again.recovered] == list(range(199))
-        assert again.corrupt == 0
-    finally:
-        again.close(unlink=True)
+    assert reread(name, tmp_path) == (list(range(199)), 0)
 
 
 class _SwitchAfterPop(dict[int, int]):
