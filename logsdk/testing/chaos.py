@@ -153,16 +153,17 @@ def trace_deliveries(p: Any, write: Callable[[str], object]) -> None:
         code = 0 if err is None else err.code()
         write(f"{seq} {msg.partition()} {msg.offset()} {code} {time.time():.3f}\n")
 
-    base = p._record
+    base = p._ticket  # the class of the tickets fresh records are produced under
+    slots = p._slots
 
     class Traced(base):  # type: ignore[misc,valid-type]
         __slots__ = ()
 
         def __call__(self, err: Any, msg: Any) -> None:
-            line(self[5], err, msg)
+            line(slots[self][5], err, msg)  # the ticket's record, before the report frees it
             base.__call__(self, err, msg)
 
-    p._record = Traced
+    p._ticket = Traced
     ack_base = p._replay_ack
 
     class TracedAck(ack_base):  # type: ignore[misc,valid-type]
