@@ -1154,12 +1154,14 @@ class LogProducer:
                 ts or 0,
                 hdrs,
             )
-        except BaseException as exc:
+        except (BufferError, KafkaException) as exc:
+            # Refused: librdkafka holds neither the record nor the ticket. (Anything else
+            # keeps the ticket taken: had the record gone in, its report will come.)
             self._slots[ticket] = None
             free.append(ticket)
             if isinstance(exc, BufferError):
                 return False
-            if not isinstance(exc, KafkaException) or _client.is_record_exception(exc):
+            if _client.is_record_exception(exc):
                 raise
             self._errors["produce_error"] += 1
             self._request_degrade(f"produce failed: {exc}")

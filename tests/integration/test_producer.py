@@ -104,6 +104,39 @@ def test_record_too_large_is_rejected_and_rest_flows(
     assert got == [b"before", b"after"]
 
 
+def test_in_flight_table_gives_every_ticket_back_and_is_reused(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The records in flight sit in a table of tickets (their delivery callbacks): once
+    every report is in, every slot is empty and every ticket free, a record librdkafka
+    refuses gives its ticket back at once, and a second burst reuses the table instead of
+    growing it."""
+    topic = fresh_topic(2)
+    with LogProducer(
+        kafka_broker.bootstrap_servers,
+        topic,
+        tmp_path,
+        kafka_config={"message.max.bytes": 5000},  # librdkafka's own limit, below the SDK's
+    ) as p:
+        for i in range(3000):
+            p.send(b"first-%d" % i)
+        assert p.flush(30) == 0
+        peak = len(p._slots)
+        assert 0 < peak <= 3000
+        assert sorted(p._free) == list(range(peak))
+        assert p._slots == [None] * peak
+        with pytest.raises(RecordTooLargeError, match="librdkafka refused"):
+            p.send(b"x" * 8000)
+        assert sorted(p._free) == list(range(peak))
+        for i in range(peak):
+            p.send(b"second-%d" % i)
+        assert p.flush(30) == 0
+        assert len(p._slots) == peak  # no ticket was made: the free ones served
+        assert sorted(p._free) == list(range(peak))
+        assert p.stats()["acked"] == 3000 + peak
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 3000 + peak
+
+
 def test_second_producer_on_same_dir_refused(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
