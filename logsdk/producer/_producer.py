@@ -113,8 +113,8 @@ class _ReplayAck(int):
     """The spool row id of a replayed record, which is also its delivery callback.
 
     One small object per replayed record instead of a ``functools.partial`` of a bound
-    method. The ack path only moves the id; the spool
-    rows are deleted per batch in ``_settle_spool``. Each producer has its own subclass.
+    method. The ack path only moves the id; the spool rows are deleted per batch in
+    ``_settle_spool``. Each producer has its own subclass.
     """
 
     __slots__ = ()
