@@ -217,6 +217,10 @@ def test_broker_down_whole_run_then_new_producer_delivers(
     assert stats["state"] == "CLOSED"
     assert stats["spool_records"] == 3000
     assert stats["acked"] == 0
+    # Every record handed to a client came back through its failed or purged report:
+    # no ticket is still taken, no record still in the in-flight table.
+    assert p._slots == [None] * len(p._slots)
+    assert len(p._free) == len(p._slots)
     broker = broker_factory(port=port)
     create_topic(broker.bootstrap_servers, "down", 2)
     with LogProducer(broker.bootstrap_servers, "down", tmp_path, **FAST) as p2:
