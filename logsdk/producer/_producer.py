@@ -461,8 +461,7 @@ class LogProducer:
                         )
                     except (BufferError, KafkaException) as exc:
                         self._n_produced -= 1
-                        self._slots[ticket] = None
-                        free.append(ticket)
+                        self._give_back(ticket)
                         self._direct_refused(rec, exc)
                     else:
                         self._n_sent += 1
@@ -1127,6 +1126,13 @@ class LogProducer:
         self._slots.append(None)
         return ticket
 
+    def _give_back(self, ticket: _Ticket) -> None:
+        """produce() refused the record under ``ticket``: librdkafka holds neither, so no
+        report will free it. (Any other exception keeps the ticket taken: had the record
+        gone in, its report will come; a leak, never a reuse under a live record.)"""
+        self._slots[ticket] = None
+        self._free.append(ticket)
+
     def _produce_rec(self, rec: Rec) -> bool:
         """Hand one record to the client (caller holds _lock), under a ticket that brings it
         back with its delivery report.
@@ -1156,10 +1162,7 @@ class LogProducer:
                 hdrs,
             )
         except (BufferError, KafkaException) as exc:
-            # Refused: librdkafka holds neither the record nor the ticket. (Anything else
-            # keeps the ticket taken: had the record gone in, its report will come.)
-            self._slots[ticket] = None
-            free.append(ticket)
+            self._give_back(ticket)
             if isinstance(exc, BufferError):
                 return False
             if _client.is_record_exception(exc):
