@@ -301,9 +301,9 @@ class ShmRing:
         )  # fmt: skip
         mm[_DIR_OFF : _DIR_OFF + len(d)] = d
         self._publish_tail(start)
-        _publish_slot(mm, _HEAD_OFF, start)
+        self._publish_head(start)
         mm[0:8] = MAGIC
-        self._head = self._head_pub = start
+        self._head = start
         self._fast_until = start  # the first put() goes through _make_room()
         self._open.clear()
         self._settled.clear()
@@ -314,7 +314,7 @@ class ShmRing:
         if self.closed:
             return
         if not unlink:  # the next reader starts from the true head: no scan past it
-            _publish_slot(self._mm, _HEAD_OFF, self._head)
+            self._publish_head(self._head)
         self.closed = True
         if unlink:
             with contextlib.suppress(posix_ipc.ExistentialError):
@@ -428,8 +428,7 @@ class ShmRing:
             off = 0
             self._head = pos
             # Published: a reader must not have to scan a long pad for the next frame.
-            _publish_slot(mm, _HEAD_OFF, pos)
-            self._head_pub = pos
+            self._publish_head(pos)
         self._fast_until = min(pos + self._sync, pos - off + cap, self._tail + cap)
         return True
 
@@ -490,11 +489,13 @@ class ShmRing:
     def _advance(self) -> None:
         """Publish the head, then the tail (caller serialises with put): the published
         tail never passes the published head."""
-        head = self._head
-        _publish_slot(self._mm, _HEAD_OFF, head)
-        self._head_pub = head
+        self._publish_head(self._head)
         with self._settle_lock:  # a drain between its pop and its flag write ends first
             self._drain()
+
+    def _publish_head(self, head: int) -> None:
+        _publish_slot(self._mm, _HEAD_OFF, head)
+        self._head_pub = head  # only now may a drain move the tail up to it
 
     def _publish_tail(self, tail: int) -> None:
         _publish_slot(self._mm, _TAIL_OFF, tail)
