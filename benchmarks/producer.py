@@ -11,6 +11,12 @@
   (``logsdk.producer``, ``logsdk.seq``): what the SDK costs beyond them. confluent-kafka
   charges about 0.6-0.9 µs per produce() call for any headers at all (measured without a
   broker: 0.7 µs without, 1.3-1.8 µs with one or two).
+- producer.memory.raw_headers and .raw_headers_pump (information, no goal): the raw producer
+  sending the two headers, inline as above, and with its delivery reports served by a second
+  thread that polls (the sending loop never polls), both against the raw producer without
+  headers: what the headers every record must carry, and serving reports off the sending
+  thread (LogProducer's pump), cost confluent-kafka itself before any SDK code runs. They
+  bound producer.memory and producer.shm from above.
 - producer.send_p99_us: p99 duration of one send() call during the producer.memory run
   (every 8th call is timed).
 - producer.spill: records/s into the spool while Kafka is down (send() until all are
@@ -43,6 +49,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -88,11 +95,14 @@ def raw_produce(
     values: list[bytes],
     headers: bool = False,
     started: bool = True,
+    pump: bool = False,
 ) -> float:
     """Records/s of a raw idempotent producer until every record is acknowledged;
     ``headers``: each record also carries the two headers a LogProducer adds;
     ``started``: its first record is acknowledged before the clock starts (else the clock
-    includes the client's start: connection, producer id, metadata)."""
+    includes the client's start: connection, producer id, metadata);
+    ``pump``: a second thread serves the delivery reports (polls), as LogProducer's pump
+    does, and the sending loop never polls (on BufferError it waits 1 ms)."""
     acked = 0
     pid_header = ("logsdk.producer", uuid.uuid4().hex.encode())
 
@@ -114,6 +124,15 @@ def raw_produce(
         if p.flush(60) or acked != 1:
             raise RuntimeError("raw producer did not start")
         acked = 0
+    stop = threading.Event()
+
+    def serve_reports() -> None:
+        while not stop.is_set():
+            p.poll(0.01)
+
+    pumper = threading.Thread(target=serve_reports, name="raw-pump")
+    if pump:
+        pumper.start()
     t0 = time.perf_counter()
     for i, v in enumerate(values):
         while True:
@@ -130,9 +149,18 @@ def raw_produce(
                     p.produce(topic, v, b"%d" % (i % 64), on_delivery=on_delivery)
                 break
             except BufferError:
-                p.poll(0.01)
-        if i % 1000 == 0:
+                if pump:
+                    stop.wait(0.001)
+                else:
+                    p.poll(0.01)
+        if i % 1000 == 0 and not pump:
             p.poll(0)
+    if pump:
+        deadline = time.monotonic() + 120
+        while acked < len(values) and time.monotonic() < deadline:
+            stop.wait(0.001)
+        stop.set()
+        pumper.join()
     if p.flush(120):
         raise RuntimeError("raw producer did not deliver everything")
     dt = time.perf_counter() - t0
@@ -357,15 +385,15 @@ def run(
             with EmbeddedBroker() as broker:
                 values = _values(records, size)
                 params = {"records": records, "value_bytes": size, "rounds": rounds}
-                mem_sdk, mem_raw, mem_hdr, p99s = [], [], [], []
+                mem_sdk, mem_raw, mem_hdr, mem_pump, p99s = [], [], [], [], []
                 spill_sdk, spill_raw = [], []
                 rep_sdk, rep_raw = [], []
                 for r in range(rounds):
                     tag = uuid.uuid4().hex[:6]
                     # Alternate which side goes first, so drift favours neither.
                     first_sdk = r % 2 == 0
-                    sides = ("sdk", "raw", "hdr") if first_sdk else ("hdr", "raw", "sdk")
-                    for side in sides:
+                    sides = ("sdk", "raw", "hdr", "pump")
+                    for side in sides if first_sdk else sides[::-1]:
                         if only == "replay":
                             break
                         with _topic(broker, side) as t:
@@ -373,6 +401,10 @@ def run(
                                 mem_raw.append(raw_produce(broker, t, values))
                             elif side == "hdr":
                                 mem_hdr.append(raw_produce(broker, t, values, headers=True))
+                            elif side == "pump":
+                                mem_pump.append(
+                                    raw_produce(broker, t, values, headers=True, pump=True)
+                                )
                             else:
                                 rate, samples = sdk_produce(broker, t, values, work / f"m-{tag}")
                                 mem_sdk.append(rate)
@@ -420,6 +452,33 @@ def run(
                         med(mem_sdk),
                         "raw confluent-kafka Producer as above, sending the same two headers",
                         med(mem_hdr),
+                        None,
+                        params,
+                    )
+                )
+                # What the two headers alone cost raw confluent-kafka, and the two headers
+                # with the reports served by a second thread (LogProducer's shape): the
+                # most a LogProducer built this way can reach against producer.memory's
+                # baseline (information, no goal).
+                sfx = "" if size == 200 else f".{size}b"
+                results.append(
+                    _result(
+                        f"producer.memory{sfx}.raw_headers",
+                        "records/s",
+                        med(mem_hdr),
+                        "raw confluent-kafka Producer as producer.memory's, without headers",
+                        med(mem_raw),
+                        None,
+                        params,
+                    )
+                )
+                results.append(
+                    _result(
+                        f"producer.memory{sfx}.raw_headers_pump",
+                        "records/s",
+                        med(mem_pump),
+                        "raw confluent-kafka Producer as producer.memory's, without headers",
+                        med(mem_raw),
                         None,
                         params,
                     )
