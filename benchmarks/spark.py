@@ -4,10 +4,14 @@
   availableNow query over ``--records`` records in ``--triggers`` triggers
   (maxOffsetsPerTrigger), timed from the first trigger's start to the last one's end
   (the running query), vs a raw confluent-kafka Consumer reading the same records by
-  assign (no group), touching every value. Median of ``--rounds`` alternating rounds;
-  the ratio is the median of per-round ratios.
+  assign (no group), touching every value, timed from its first batch (a loop already
+  reading, as the consumer.* baselines; params also give the raw rate timed from
+  ``Consumer()`` and the ratio against it). The trigger's clock includes its tasks'
+  consumers starting: the source builds one per partition per trigger. Median of
+  ``--rounds`` alternating rounds; the ratio is the median of per-round ratios.
 - spark.source_end_to_end: the same, timed from ``start()`` to termination (it includes
-  the query start: Spark starts the source's Python runner process).
+  the query start: Spark starts the source's Python runner process), vs the raw loop timed
+  from ``Consumer()``.
 - spark.query_start: seconds from ``start()`` to the first trigger.
 - spark.batch_overhead: Spark's own time per trigger outside writing rows
   (``triggerExecution - addBatch`` from the query progress; planning, offset WAL, commit).
@@ -53,8 +57,14 @@ def produce(bootstrap: str, topic: str, n: int, value_bytes: int) -> None:
         raise RuntimeError("benchmark records not delivered")
 
 
-def raw_consume(bootstrap: str, topic: str, n: int) -> float:
-    """Records/s of a plain assign + consume loop over every partition from the start."""
+def raw_consume(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+    """Records/s of a plain assign + consume loop over every partition from the start:
+    (timed from its first batch, timed from ``Consumer()``).
+
+    The first is the rate of a raw loop already reading (as consumer.*'s baselines): on
+    the embedded broker a fresh consumer waits about 0.5 s for its first batch, which a
+    long-running reader pays once. The second includes that start.
+    """
     t0 = time.perf_counter()
     c = Consumer(
         {
@@ -64,17 +74,21 @@ def raw_consume(bootstrap: str, topic: str, n: int) -> float:
         }
     )
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    got = 0
+    got, first = 0, 0.0
     deadline = time.monotonic() + 120
     try:
         while got < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"raw consumer got {got}/{n}")
-            for m in c.consume(10_000, 1.0):
+            msgs = c.consume(10_000, 1.0)
+            if msgs and not first:
+                first = time.perf_counter()
+            for m in msgs:
                 if m.error() is None:
                     m.value()
                     got += 1
-        return n / (time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        return n / (t1 - first), n / (t1 - t0)
     finally:
         c.close()
 
@@ -150,10 +164,13 @@ def main(argv: list[str]) -> int:
             for size in (int(s) for s in args.value_bytes.split(",")):
                 topic = create_topic(bs, f"bench-spark-{size}-{uuid.uuid4().hex[:6]}", PARTITIONS)
                 produce(bs, topic, args.records, size)
-                base: list[float] = []
+                base: list[float] = []  # raw loop timed from its first batch
+                cold: list[float] = []  # the same loop timed from Consumer()
                 runs: list[dict[str, float]] = []
                 for _ in range(args.rounds):
-                    base.append(raw_consume(bs, topic, args.records))
+                    started, from_start = raw_consume(bs, topic, args.records)
+                    base.append(started)
+                    cold.append(from_start)
                     runs.append(spark_run(spark, bs, topic, args.records, per_trigger))
 
                 def med(key: str, runs: list[dict[str, float]] = runs) -> float:
@@ -173,7 +190,12 @@ def main(argv: list[str]) -> int:
                     "master": "local[2,2]",
                 }
                 suffix = "" if size == 200 else f".{size}B"
-                baseline = "raw confluent-kafka Consumer loop (assign, no group)"
+                baseline = (
+                    "raw confluent-kafka Consumer loop (assign, no group), from its first batch"
+                )
+                baseline_cold = (
+                    "raw confluent-kafka Consumer loop (assign, no group), from Consumer()"
+                )
                 results += [
                     {
                         "name": "spark.source" + suffix,
@@ -183,15 +205,22 @@ def main(argv: list[str]) -> int:
                         "baseline_value": round(statistics.median(base)),
                         "ratio": round(ratio("running"), 3),
                         "goal": 0.5,
-                        "params": {**params, "measured": "first trigger start to last end"},
+                        "params": {
+                            **params,
+                            "measured": "first trigger start to last end",
+                            # The comparison published before 2026-11-23: both clocks
+                            # include a consumer's start.
+                            "baseline_cold_value": round(statistics.median(cold)),
+                            "ratio_vs_cold": round(ratio("running", base=cold), 3),
+                        },
                     },
                     {
                         "name": "spark.source_end_to_end" + suffix,
                         "unit": "records/s",
                         "value": round(med("end_to_end")),
-                        "baseline": baseline,
-                        "baseline_value": round(statistics.median(base)),
-                        "ratio": round(ratio("end_to_end"), 3),
+                        "baseline": baseline_cold,
+                        "baseline_value": round(statistics.median(cold)),
+                        "ratio": round(ratio("end_to_end", base=cold), 3),
                         "params": {**params, "measured": "start() to termination"},
                     },
                     {
