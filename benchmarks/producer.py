@@ -461,28 +461,18 @@ def run(
                 # most a LogProducer built this way can reach against producer.memory's
                 # baseline (information, no goal).
                 sfx = "" if size == 200 else f".{size}b"
-                results.append(
-                    _result(
-                        f"producer.memory{sfx}.raw_headers",
-                        "records/s",
-                        med(mem_hdr),
-                        "raw confluent-kafka Producer as producer.memory's, without headers",
-                        med(mem_raw),
-                        None,
-                        params,
+                for name, rates in (("raw_headers", mem_hdr), ("raw_headers_pump", mem_pump)):
+                    results.append(
+                        _result(
+                            f"producer.memory{sfx}.{name}",
+                            "records/s",
+                            med(rates),
+                            "raw confluent-kafka Producer as producer.memory's, without headers",
+                            med(mem_raw),
+                            None,
+                            params,
+                        )
                     )
-                )
-                results.append(
-                    _result(
-                        f"producer.memory{sfx}.raw_headers_pump",
-                        "records/s",
-                        med(mem_pump),
-                        "raw confluent-kafka Producer as producer.memory's, without headers",
-                        med(mem_raw),
-                        None,
-                        params,
-                    )
-                )
                 results.append(
                     _result(
                         "producer.send_p99_us" + ("" if size == 200 else f".{size}b"),
