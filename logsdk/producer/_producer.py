@@ -1453,6 +1453,14 @@ class LogProducer:
             # Otherwise it stays, and the next producer on it resends what it holds.
             self._shm.close(unlink=self._shm.pending == 0)
         self._spool.close()
+        # The ticket classes name this producer, a reference cycle: without it, a closed
+        # producer and its in-flight table (one ticket per record in flight at the peak)
+        # are freed as soon as the application drops it, not at the cyclic collector's
+        # next full pass. Nothing serves a report once the threads have stopped. (The
+        # class that holds the name may be a base: chaos tracing subclasses them.)
+        for cls in (*self._ticket.__mro__, *self._replay_ack.__mro__):
+            if vars(cls).get("_producer") is self:
+                delattr(cls, "_producer")
 
     # -- health thread ----------------------------------------------------------------------
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
 import sqlite3
 import subprocess
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,38 @@ def test_in_flight_table_gives_every_ticket_back_and_is_reused(
         assert sorted(p._free) == list(range(peak))
         assert p.stats()["acked"] == 3000 + peak
     assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 3000 + peak
+
+
+def test_a_closed_producer_is_freed_without_the_cyclic_collector(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The ticket classes name their producer; close() lets go of it, so a closed producer
+    and its in-flight table are freed by reference counting when the application drops
+    it (before, only by a full collection: 100k tickets after a burst)."""
+    topic = fresh_topic(1)
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for buffer in ("memory", "shm"):
+            p = LogProducer(
+                kafka_broker.bootstrap_servers,
+                topic,
+                tmp_path / buffer,
+                buffer=buffer,
+            )
+            for i in range(2000):
+                p.send(b"%d" % i)
+            assert p.flush(30) == 0
+            assert len(p._slots) > 0
+            p.close()
+            gone = weakref.ref(p)
+            del p
+            assert gone() is None, f"buffer={buffer}: the closed producer is still referenced"
+    finally:
+        if enabled:
+            gc.enable()
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 4000
 
 
 def test_second_producer_on_same_dir_refused(
