@@ -1,0 +1,62 @@
+"""The benchmark scripts still run: each one, with tiny sizes, prints every figure it
+documents in the schema of ../shared/BENCHMARKS.md (the figures themselves are meaningless
+at these sizes and are not checked; `make bench` measures them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"name", "unit", "value", "baseline", "baseline_value", "ratio", "goal", "params"}
+
+
+def run_benchmark(script: str, *args: str) -> list[dict[str, Any]]:
+    """``python benchmarks/<script> --json ARGS``: its results, schema checked."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    results: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])["results"]
+    for r in results:
+        assert set(r) == KEYS, r
+        assert r["value"] is not None, r
+        assert r["value"] >= 0, r
+        if r["ratio"] is not None:  # a ratio always comes with the baseline it was taken to
+            assert r["baseline_value"], r
+    return results
+
+
+def test_producer_benchmark_prints_every_figure() -> None:
+    names = {r["name"] for r in run_benchmark("producer.py", "--records", "2000", "--rounds", "1")}
+    for size in ("", ".1024b"):
+        for figure in (
+            f"producer.memory{size}",
+            f"producer.memory{size}.same_headers",
+            f"producer.memory{size}.raw_headers",
+            f"producer.memory{size}.raw_headers_pump",
+            f"producer.send_p99_us{size}",
+            f"producer.spill{size}",
+            f"producer.replay{size}",
+            f"producer.shm{size}",
+        ):
+            assert figure in names, (figure, sorted(names))
+
+
+def test_consumer_and_placement_benchmarks_print_their_figures() -> None:
+    results = run_benchmark("consumer.py", "--records", "2000", "--rounds", "1")
+    consumer = {r["name"] for r in results}
+    assert {"consumer.at_least_once", "consumer.exactly_once"} <= consumer
+    placement = run_benchmark("placement.py")
+    assert any(r["name"].startswith("placement.ring.") for r in placement)
+    assert any(r["name"].startswith("placement.kafka.") for r in placement)
