@@ -130,7 +130,7 @@ def raw_produce(
         while not stop.is_set():
             p.poll(0.01)
 
-    pumper = threading.Thread(target=serve_reports, name="raw-pump")
+    pumper = threading.Thread(target=serve_reports, name="raw-pump", daemon=True)
     if pump:
         pumper.start()
     t0 = time.perf_counter()
