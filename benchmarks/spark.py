@@ -244,8 +244,11 @@ def main(argv: list[str]) -> int:
                 ]
         finally:
             spark.stop()
+    # Every figure in BENCHMARKS.md's schema: a key that does not apply is null.
+    keys = ("name", "unit", "value", "baseline", "baseline_value", "ratio", "goal", "params")
+    results = [{k: r.get(k) for k in keys} for r in results]
     for r in results:
-        extra = f" ratio={r['ratio']} vs {r['baseline_value']:,}/s" if "ratio" in r else ""
+        extra = "" if r["ratio"] is None else f" ratio={r['ratio']} vs {r['baseline_value']:,}/s"
         print(f"{r['name']:28} {r['value']:>12,} {r['unit']}{extra}")
     if args.json:
         print(json.dumps({"results": results}))

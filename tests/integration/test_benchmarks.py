@@ -60,3 +60,20 @@ def test_consumer_and_placement_benchmarks_print_their_figures() -> None:
     placement = run_benchmark("placement.py")
     assert any(r["name"].startswith("placement.ring.") for r in placement)
     assert any(r["name"].startswith("placement.kafka.") for r in placement)
+
+
+@pytest.mark.spark
+def test_spark_benchmark_prints_every_figure() -> None:
+    names = {
+        r["name"]
+        for r in run_benchmark(
+            "spark.py", "--records", "2000", "--rounds", "1", "--value-bytes", "200"
+        )
+    }
+    assert {
+        "spark.source",
+        "spark.source_end_to_end",
+        "spark.query_start",
+        "spark.batch_overhead",
+        "spark.source_in_batch",
+    } <= names, sorted(names)
