@@ -54,10 +54,10 @@ def main(argv: list[str]) -> int:
     (HERE / "results.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"{'name':32} {'value':>14} {'unit':12} {'ratio':>7} {'goal':>6}")
     for r in results:
-        ratio = r.get("ratio")
+        ratio, goal = r.get("ratio"), r.get("goal")
         print(
             f"{r['name']:32} {r['value']:>14,.1f} {r['unit']:12} "
-            f"{'' if ratio is None else f'{ratio:.3f}':>7} {r.get('goal', '')!s:>6}"
+            f"{'' if ratio is None else f'{ratio:.3f}':>7} {'' if goal is None else goal!s:>6}"
         )
     if not results:
         print("(no benchmarks yet)")
