@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from logsdk.errors import (
     BufferFullError,
     ConfigError,
+    LogSDKError,
     ProducerClosedError,
     RecordTooLargeError,
     SerializationError,
@@ -476,8 +477,14 @@ class LogProducer:
                         self._release(rec)  # refused: not in custody
                         raise
                 self._n_sent += 1
-            except BaseException:
-                if self._seq_next == seq + 1:
+            except BaseException as exc:
+                # Only a refusal of ours (a LogSDKError, raised before the record reached
+                # the client or the buffer) gives its seq back. Any other exception, such as
+                # a signal handler's KeyboardInterrupt, surfaces when a call returns: maybe
+                # right after produce() handed the record over, and a delivered record's seq
+                # must never name another one (the dedupe would drop one of the two). Its
+                # seq stays taken: a gap.
+                if isinstance(exc, LogSDKError) and self._seq_next == seq + 1:
                     if self._shm is not None:
                         # A refused record's frame was settled by seq: flag it now, while
                         # the seq still names that frame and not the next record's (also

@@ -171,6 +171,44 @@ def test_a_closed_producer_is_freed_without_the_cyclic_collector(
     assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 4000
 
 
+def test_an_interrupt_right_after_produce_never_reuses_the_seq(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A signal handler's exception (KeyboardInterrupt) surfaces in send() when a call
+    returns, so it may come right after produce() handed the record to librdkafka: that
+    record is delivered, so its seq must never serve the next record (the dedupe headers
+    would then drop one of two different records). Injected at exactly that instant by a
+    wrapper around the real client."""
+    topic = fresh_topic(1)
+
+    class InterruptAfterProduce:
+        def __init__(self, client: Any) -> None:
+            self.client = client
+
+        def produce(self, *args: Any) -> None:
+            self.client.produce(*args)
+            raise KeyboardInterrupt  # as a signal handler's exception would, after the call
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.client, name)
+
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        p.send(b"before")
+        assert p.flush(30) == 0
+        with p._lock:
+            real, p._client = p._client, InterruptAfterProduce(p._client)
+        with pytest.raises(KeyboardInterrupt):
+            p.send(b"interrupted")
+        with p._lock:
+            p._client = real
+        p.send(b"after")
+        assert p.flush(30) == 0
+    got = read_topic(kafka_broker.bootstrap_servers, topic)
+    seqs = {m.value(): dict(m.headers() or [])["logsdk.seq"] for m in got}
+    assert set(seqs) == {b"before", b"interrupted", b"after"}  # handed over: delivered
+    assert len(set(seqs.values())) == 3, seqs  # three records, three seqs
+
+
 def test_second_producer_on_same_dir_refused(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
