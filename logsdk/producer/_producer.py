@@ -484,7 +484,15 @@ class LogProducer:
                 # right after produce() handed the record over, and a delivered record's seq
                 # must never name another one (the dedupe would drop one of the two). Its
                 # seq stays taken: a gap.
-                if isinstance(exc, LogSDKError) and self._seq_next == seq + 1:
+                if not isinstance(exc, LogSDKError):
+                    if self._shm is not None:
+                        # Its frame, if the put was done, is let go: a frame left open
+                        # would stop the ring's tail for good (the ring fills, every send
+                        # waits, then fails). send() raised, so the record was not accepted
+                        # and the ring owes it nothing; if it reached the client its report
+                        # settles the seq again, which is harmless (the seq is not reused).
+                        self._shm.settle(seq)
+                elif self._seq_next == seq + 1:
                     if self._shm is not None:
                         # A refused record's frame was settled by seq: flag it now, while
                         # the seq still names that frame and not the next record's (also

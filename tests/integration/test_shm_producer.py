@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,64 @@ from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("after", ["put", "produce"])
+def test_an_interrupt_inside_send_leaves_no_frame_open(
+    after: str, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A signal handler's exception (KeyboardInterrupt) surfaces in send() when a call
+    returns: right after the ring put (the record never reaches the client) or right after
+    produce() (it did). Either way send() raises, no seq serves two records, and the frame
+    does not stay open: an open frame the tail cannot pass would fill the ring for the
+    producer's life and keep a clean close() from unlinking the segment. Injected at those
+    instants by wrappers around the real ring and client."""
+    topic = fresh_topic(1)
+    name = segment_name(None, tmp_path)
+    with LogProducer(
+        kafka_broker.bootstrap_servers, topic, tmp_path, buffer="shm", shm_bytes=1 << 20
+    ) as p:
+        p.send(b"before")
+        assert p.flush(30) == 0
+        ring, client = p._shm, p._client
+        assert ring is not None
+        assert client is not None
+
+        def put_then_interrupt(*args: Any) -> bool:
+            ring.put_fields = real_put  # type: ignore[method-assign]
+            real_put(*args)
+            raise KeyboardInterrupt
+
+        class ProduceThenInterrupt:
+            def produce(self, *args: Any) -> None:
+                client.produce(*args)
+                raise KeyboardInterrupt
+
+            def __getattr__(self, attr: str) -> Any:
+                return getattr(client, attr)
+
+        real_put = ring.put_fields
+        with p._lock:
+            if after == "put":
+                ring.put_fields = put_then_interrupt  # type: ignore[method-assign]
+            else:
+                p._client = ProduceThenInterrupt()  # type: ignore[assignment]
+        with pytest.raises(KeyboardInterrupt):
+            p.send(b"interrupted")
+        with p._lock:
+            p._client = client
+        for i in range(20_000):  # ~ 4 laps of the 1 MiB ring
+            p.send(b"after-%d" % i + b"." * 200)
+        assert p.flush(60) == 0
+        assert ring.pending == 0
+        assert p.stats()["spooled"] == 0
+    assert name not in list_segments()
+    got = read_topic(kafka_broker.bootstrap_servers, topic)
+    seqs = [dict(m.headers() or [])["logsdk.seq"] for m in got]
+    assert len(seqs) == len(set(seqs))
+    values = {m.value() for m in got}
+    assert (b"interrupted" in values) == (after == "produce")
+    assert len(values) == 20_002 - (after == "put")
 
 
 def test_shm_delivers_everything_and_clean_close_unlinks(
