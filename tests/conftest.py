@@ -19,3 +19,19 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str, step: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(step)
+
+
+class InterruptAfterProduce:
+    """A producer client whose ``produce()`` hands the record to the real client, then
+    raises KeyboardInterrupt: what a signal handler's exception does when it surfaces as
+    the call returns. Every other attribute is the real client's."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def produce(self, *args: Any) -> None:
+        self.client.produce(*args)
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)

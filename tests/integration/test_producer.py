@@ -30,7 +30,7 @@ from logsdk.integrations.logging import KafkaHandler
 from logsdk.spool import Spool
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
-from tests.conftest import FAST, wait_until
+from tests.conftest import FAST, InterruptAfterProduce, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -180,18 +180,6 @@ def test_an_interrupt_right_after_produce_never_reuses_the_seq(
     would then drop one of two different records). Injected at exactly that instant by a
     wrapper around the real client."""
     topic = fresh_topic(1)
-
-    class InterruptAfterProduce:
-        def __init__(self, client: Any) -> None:
-            self.client = client
-
-        def produce(self, *args: Any) -> None:
-            self.client.produce(*args)
-            raise KeyboardInterrupt  # as a signal handler's exception would, after the call
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.client, name)
-
     with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
         p.send(b"before")
         assert p.flush(30) == 0

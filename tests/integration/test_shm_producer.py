@@ -18,7 +18,7 @@ from logsdk.errors import ShmInUseError
 from logsdk.shm import ShmRing, inspect, list_segments, segment_name
 from logsdk.testing import check_delivery, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
-from tests.conftest import FAST
+from tests.conftest import FAST, InterruptAfterProduce
 
 pytestmark = pytest.mark.integration
 
@@ -49,20 +49,12 @@ def test_an_interrupt_inside_send_leaves_no_frame_open(
             real_put(*args)
             raise KeyboardInterrupt
 
-        class ProduceThenInterrupt:
-            def produce(self, *args: Any) -> None:
-                client.produce(*args)
-                raise KeyboardInterrupt
-
-            def __getattr__(self, attr: str) -> Any:
-                return getattr(client, attr)
-
         real_put = ring.put_fields
         with p._lock:
             if after == "put":
                 ring.put_fields = put_then_interrupt  # type: ignore[method-assign]
             else:
-                p._client = ProduceThenInterrupt()  # type: ignore[assignment]
+                p._client = InterruptAfterProduce(client)  # type: ignore[assignment]
         with pytest.raises(KeyboardInterrupt):
             p.send(b"interrupted")
         with p._lock:
