@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
         kafka = next(h for h in logging.getLogger().handlers if h.get_name() == "kafka")
         assert isinstance(kafka, KafkaHandler)
-        logging.shutdown()  # closes the KafkaHandler: everything is delivered or spooled
+        logging.shutdown()  # closes the KafkaHandler: delivers to Kafka within close_timeout
         stats = kafka.producer.stats()
         print(
             f"sent {stats['sent']} record(s) to {args.topic}: acknowledged {stats['acked']}, "

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             server.shutdown()
             server.server_close()
             logging.getLogger("web").removeHandler(handler)
-            handler.close()  # delivers or spools everything it was given
+            handler.close()  # delivers to Kafka (close_timeout); what it cannot stays spooled
         stats = handler.producer.stats()
         print(
             f"requests {args.requests} (answered 500: {failed}); log records sent "

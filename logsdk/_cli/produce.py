@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from logsdk._cli._common import (
 from logsdk.errors import LogSDKError
 
 if TYPE_CHECKING:
-    from logsdk.producer import LogProducer
+    pass
 
 
 def default_spool_dir(topic: str) -> Path:
@@ -150,9 +149,10 @@ def run(args: argparse.Namespace) -> int:
                         err(f"line {n} not sent: {exc}")
             except KeyboardInterrupt:
                 err("interrupted; delivering what was read")
-            left = _wait_delivered(producer, args.timeout)
+            left = producer.flush(args.timeout) > 0
     finally:
-        producer.close()
+        # flush() had its timeout: what Kafka did not take by then goes to the spool now.
+        producer.close(timeout=0)
     s = producer.stats()
     print(
         f"logsdk: sent {s['sent']} record(s) to {args.topic}: acknowledged {s['acked']}, "
@@ -166,15 +166,3 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 1 if bad or s["dropped"] or s["rejected"] else 0
-
-
-def _wait_delivered(producer: LogProducer, timeout: float) -> bool:
-    """Poll until nothing is buffered or spooled; True if something is left at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = producer.stats()
-        if s["state"] == "ONLINE" and s["buffered"] == 0 and s["spool_records"] == 0:
-            return False
-        if time.monotonic() >= deadline:
-            return True
-        time.sleep(0.05)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import json
+import math
 import os
 import socket
 import threading
 from collections.abc import Mapping
 from typing import Any
 
+from logsdk.errors import ConfigError
 from logsdk.producer import LogProducer
 
 
@@ -29,7 +32,9 @@ class JsonSender:
 
     ``send`` never raises and never waits longer than ``max_block_s`` (for an owned
     producer); a log call made while sending (from a library the producer uses) is
-    skipped rather than recursed into.
+    skipped rather than recursed into. An owned producer is closed by :meth:`close`, and
+    at interpreter exit if nothing closed it before, delivering to Kafka for at most
+    ``close_timeout`` seconds (what Kafka cannot take by then stays in the spool).
     """
 
     def __init__(
@@ -39,11 +44,23 @@ class JsonSender:
         static_fields: Mapping[str, Any] | None,
         max_block_s: float,
         producer_kwargs: dict[str, Any],
+        close_timeout: float = 5.0,
     ) -> None:
+        if (
+            isinstance(close_timeout, bool)
+            or not isinstance(close_timeout, (int, float))
+            or not math.isfinite(close_timeout)
+            or close_timeout < 0
+        ):
+            raise ConfigError(f"close_timeout must be seconds >= 0, got {close_timeout!r}")
+        self.close_timeout = float(close_timeout)
         if producer is None:
             producer_kwargs.setdefault("max_block_s", max_block_s)
             producer = LogProducer(**producer_kwargs)
             self.owned = True
+            # An application that simply exits still delivers: atexit hooks run while the
+            # producer's daemon threads are alive (logging.shutdown() closes a handler too).
+            atexit.register(self.close)
         else:
             self.owned = False
         self.producer = producer
@@ -81,10 +98,15 @@ class JsonSender:
             self._busy.on = False
 
     def flush(self, timeout: float = 10.0) -> int:
-        """Wait (bounded) until sent records are acknowledged or spooled; returns the rest."""
+        """Wait (bounded) until sent records are in Kafka; returns how many are not."""
         return self.producer.flush(timeout=timeout)
 
+    def flush_durable(self, timeout: float = 10.0) -> int:
+        """Wait (bounded) until sent records are in Kafka or the spool; returns the rest."""
+        return self.producer.flush_durable(timeout=timeout)
+
     def close(self) -> None:
-        """Close the producer if this sender created it."""
+        """Close the producer if this sender created it: deliver for ``close_timeout``."""
         if self.owned:
-            self.producer.close()
+            atexit.unregister(self.close)
+            self.producer.close(timeout=self.close_timeout)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from logsdk.errors import ConfigError
 from logsdk.integrations._sender import JsonSender
 from logsdk.producer import LogProducer
 
@@ -54,6 +55,13 @@ class KafkaHandler(logging.Handler):
     producer arguments (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one, which
     ``close()`` closes: usable from ``logging.config.dictConfig``. Records of the
     ``logsdk`` loggers themselves are skipped, so the SDK never logs into itself.
+
+    At exit, ``logging.shutdown()`` calls ``flush()`` then ``close()``. ``flush()`` makes
+    the records durable (acknowledged by Kafka or committed to the spool, at most
+    ``flush_timeout`` seconds); ``close()`` delivers an owned producer's records to Kafka,
+    the spool included, for at most ``close_timeout`` seconds, and leaves in the spool
+    only what Kafka could not take by then. An application that simply exits thus
+    delivers what Kafka can take in ``close_timeout`` seconds.
     """
 
     def __init__(
@@ -63,9 +71,18 @@ class KafkaHandler(logging.Handler):
         level: int | str = logging.NOTSET,
         static_fields: Mapping[str, Any] | None = None,
         max_block_s: float = 0.5,
+        close_timeout: float = 5.0,
+        flush_timeout: float = 5.0,
         **producer_kwargs: Any,
     ) -> None:
         super().__init__(level)
+        if (
+            isinstance(flush_timeout, bool)
+            or not isinstance(flush_timeout, (int, float))
+            or not flush_timeout >= 0
+        ):
+            raise ConfigError(f"flush_timeout must be seconds >= 0, got {flush_timeout!r}")
+        self.flush_timeout = float(flush_timeout)
         # Owning or borrowing the producer, JSON, the re-entrancy guard and the drop
         # count are the same for every adapter: JsonSender does them.
         self._sender = JsonSender(
@@ -73,6 +90,7 @@ class KafkaHandler(logging.Handler):
             static_fields=static_fields,
             max_block_s=max_block_s,
             producer_kwargs=producer_kwargs,
+            close_timeout=close_timeout,
         )
         self.producer = self._sender.producer
         self.addFilter(lambda r: not r.name.startswith("logsdk"))
@@ -92,11 +110,11 @@ class KafkaHandler(logging.Handler):
         self._sender.send(doc, key=record.name)
 
     def flush(self) -> None:
-        """Wait (bounded) until sent records are acknowledged or spooled."""
-        self._sender.flush(timeout=10.0)
+        """Wait (at most ``flush_timeout``) until sent records are in Kafka or the spool."""
+        self._sender.flush_durable(timeout=self.flush_timeout)
 
     def close(self) -> None:
-        """Close the producer if this handler created it."""
+        """Close the producer if this handler created it: deliver for ``close_timeout``."""
         try:
             self._sender.close()
         finally:

@@ -63,6 +63,7 @@ class KafkaSink:
         *,
         static_fields: Mapping[str, Any] | None = None,
         max_block_s: float = 0.5,
+        close_timeout: float = 5.0,
         **producer_kwargs: Any,
     ) -> None:
         self._sender = JsonSender(
@@ -70,6 +71,7 @@ class KafkaSink:
             static_fields=static_fields,
             max_block_s=max_block_s,
             producer_kwargs=producer_kwargs,
+            close_timeout=close_timeout,
         )
         self.producer = self._sender.producer
 
@@ -93,11 +95,12 @@ class KafkaSink:
 
     # No ``flush`` attribute on purpose: loguru would call it after every message.
     def drain(self, timeout: float = 10.0) -> int:
-        """Wait (bounded) until sent records are acknowledged or spooled; returns the rest."""
+        """Wait (bounded) until sent records are in Kafka; returns how many are not."""
         return self._sender.flush(timeout)
 
     def stop(self) -> None:
-        """Called by ``logger.remove()``: close the producer if this sink created it."""
+        """Called by ``logger.remove()``: close the producer if this sink created it, delivering
+        for at most ``close_timeout`` seconds."""
         self._sender.close()
 
     def __repr__(self) -> str:

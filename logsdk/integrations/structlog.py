@@ -54,6 +54,7 @@ class KafkaProcessor:
         key_field: str | None = "logger",
         static_fields: Mapping[str, Any] | None = None,
         max_block_s: float = 0.5,
+        close_timeout: float = 5.0,
         **producer_kwargs: Any,
     ) -> None:
         self._sender = JsonSender(
@@ -61,6 +62,7 @@ class KafkaProcessor:
             static_fields=static_fields,
             max_block_s=max_block_s,
             producer_kwargs=producer_kwargs,
+            close_timeout=close_timeout,
         )
         self.producer = self._sender.producer
         self.key_field = key_field
@@ -93,11 +95,11 @@ class KafkaProcessor:
         return event_dict
 
     def flush(self, timeout: float = 10.0) -> int:
-        """Wait (bounded) until sent events are acknowledged or spooled; returns the rest."""
+        """Wait (bounded) until sent events are in Kafka; returns how many are not."""
         return self._sender.flush(timeout)
 
     def close(self) -> None:
-        """Close the producer if this processor created it."""
+        """Close the producer if this processor created it: deliver for ``close_timeout``."""
         self._sender.close()
 
 

@@ -60,6 +60,7 @@ HEADER_SEQ = "logsdk.seq"
 _SEQ_BLOCK = 1 << 20  # sequence numbers reserved on disk at a time
 _TS_LIMIT = 1 << 63  # Kafka timestamps are int64 milliseconds
 _PURGE_WAIT_S = 30.0  # how long a purge may take to hand records back
+_BACKOFF_START_S = 0.1  # the health thread's first pause after a failed probe (doubles)
 _SPOOL_BATCH = 5_000  # records per spool transaction
 #: A delivery report without an error but without an offset either. librdkafka reports a
 #: DUPLICATE_SEQUENCE_NUMBER reply as a success with no offset: the broker says it already
@@ -194,9 +195,11 @@ class LogProducer:
 
     The constructor opens the spool (taking its lock: one producer per directory;
     the spool runs its WAL checkpoints on a daemon thread of its own) and starts two
-    daemon threads (pump and health). Use it as a context manager
-    or call :meth:`close`, which moves whatever Kafka has not acknowledged to the
-    spool. Thread-safe: ``send()`` may be called from any number of threads.
+    daemon threads (pump and health). Use it as a context manager or call
+    :meth:`close`, which delivers to Kafka within its timeout (the spool included) and
+    leaves in the spool only what Kafka could not take by then. :meth:`flush` means "in
+    Kafka" too; :meth:`flush_durable` means "in Kafka or on local disk". Thread-safe:
+    ``send()`` may be called from any number of threads.
 
     ``buffer="shm"`` also keeps every accepted record in a ring in POSIX shared memory
     (named ``shm_name``, by default derived from ``spool_dir``; ``shm_bytes`` long) until
@@ -351,6 +354,11 @@ class LogProducer:
         self._want_recover: int | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # flush() or close() is waiting for Kafka: the health thread probes without backoff.
+        self._urgent = 0  # guarded by _lock
+        self._health_wake = threading.Event()
+        self._close_deadline: float | None = None
+        self._closed = threading.Event()  # close() has finished (the first call)
         self._done = threading.Condition()
 
         self._pump = threading.Thread(target=self._pump_loop, name="logsdk-pump", daemon=True)
@@ -518,10 +526,28 @@ class LogProducer:
         self._direct = False  # full, or the client is broken: queue behind it
 
     def flush(self, timeout: float | None = None) -> int:
-        """Wait until every record is acknowledged or committed in the spool.
+        """Wait until every record accepted so far is acknowledged by Kafka, the spooled
+        ones included; return how many are not in Kafka yet (0: all there).
 
-        Returns how many records are still neither (0 when done). ``None`` waits up
-        to 60 s. While Kafka is down, flush spools; it does not wait for Kafka.
+        As librdkafka's own flush, records other threads send meanwhile are waited for
+        too. While records wait, Kafka is probed at once (not on the health thread's
+        backoff schedule) and the spool is replayed as soon as it answers. ``None``
+        waits up to 60 s. Kafka still unreachable at the deadline: the count is
+        returned and the records stay safe in the spool (or in memory, on their way
+        there). Records Kafka refused (``rejected``) and records dropped by
+        ``when_full`` are not waited for. To wait only until every record is in Kafka
+        or on local disk, use :meth:`flush_durable`.
+        """
+        deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
+        return self._wait_until_delivered(deadline)
+
+    def flush_durable(self, timeout: float | None = None) -> int:
+        """Wait until every record is acknowledged by Kafka or committed to the spool.
+
+        Durability without waiting for Kafka: while Kafka is down, the records in memory
+        are committed to the spool (which survives a crash of this process) and the call
+        returns. Returns how many records are in neither place (0 when done). ``None``
+        waits up to 60 s.
         """
         deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
         self._wake.set()
@@ -534,25 +560,58 @@ class LogProducer:
                     return left  # nowhere to put them until Kafka or spool space returns
                 self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
 
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Flush within ``timeout``, then move every unacknowledged record to the spool.
-
-        It also waits for a health probe under way to end (up to ``probe_timeout_s``, 2 s
-        by default, when Kafka is unreachable), so that nothing of this producer talks to
-        the cluster once it has returned (an abandoned probe of the topic could create it
-        on a broker that comes up later: seen in a test).
-        """
+    def _wait_until_delivered(self, deadline: float) -> int:
+        """flush() and close(): wait until nothing is left to deliver, or the deadline."""
+        self._wake.set()
         with self._lock:
-            if self._closing:
-                return
+            self._urgent += 1  # the health thread probes without backoff meanwhile
+        self._health_wake.set()
+        try:
+            with self._done:
+                while True:
+                    left = self._not_in_kafka()
+                    if left == 0 or time.monotonic() >= deadline or not self._pump.is_alive():
+                        return left
+                    self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+        finally:
+            with self._lock:
+                self._urgent -= 1
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Deliver every record to Kafka within ``timeout``, then stop; what Kafka could not
+        take by then stays in the spool, for the next producer on ``spool_dir``.
+
+        Delivering means what :meth:`flush` does: the backlog, the records in librdkafka,
+        the shm ring and the spool (including rows left by an earlier run), with Kafka
+        probed at once if it was down. At the deadline, every record not acknowledged is
+        committed to the spool, and the log says how many and where (a warning). ``None``
+        waits up to 60 s. A second call (from any thread) waits for the first one to end.
+
+        It also waits for a health probe under way to end (bounded by what is left of
+        ``timeout``, at least 0.2 s), so that nothing of this producer talks to the
+        cluster once it has returned (an abandoned probe of the topic could create it on
+        a broker that comes up later: seen in a test).
+        """
+        budget = 60.0 if timeout is None else max(0.0, timeout)
+        deadline = time.monotonic() + budget
+        with self._lock:
+            first = not self._closing
             self._closing = True
             self._space.notify_all()
-        self.flush(timeout)
-        self._stop.set()
-        self._wake.set()
-        self._health.join(10)
-        self._pump.join(max(30.0, (timeout or 0) + 30.0))
-        self._shutdown()
+        if not first:
+            self._closed.wait(budget + 60.0)
+            return
+        try:
+            self._close_deadline = deadline
+            self._wait_until_delivered(deadline)
+            self._stop.set()
+            self._wake.set()
+            self._health_wake.set()
+            self._health.join(10)
+            self._pump.join(max(30.0, budget + 30.0))
+            self._shutdown(budget)
+        finally:
+            self._closed.set()
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: state, sent, acked, spooled, replayed, dropped, buffered, errors.
@@ -911,6 +970,11 @@ class LogProducer:
             backlog = len(self._backlog) + self._in_transit + len(self._failed)
         # Records Kafka refused wait in _rejects until the rejected table holds them.
         return backlog + len(self._rejects) + max(0, self._outstanding())
+
+    def _not_in_kafka(self) -> int:
+        """Records accepted and not yet acknowledged by Kafka: in memory or in the spool
+        (not counting the rejected and the dropped)."""
+        return self._unsettled() + self._spool.count
 
     def _new_client(self) -> Producer:
         return _client.new_producer(self.config.librdkafka(), self._on_error)
@@ -1437,7 +1501,7 @@ class LogProducer:
         self._n_replayed += gone
         self._last_ack = time.monotonic()
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, budget: float) -> None:
         """After the threads stopped: everything unacknowledged goes to the spool."""
         with self._lock:
             self._direct = False
@@ -1461,6 +1525,15 @@ class LogProducer:
                 self._alarm or "spool full",
             )
             self._errors["lost_on_close"] += lost
+        left = self._spool.count
+        if left:
+            log.warning(
+                "close(): %d record(s) not delivered to Kafka within %gs are kept in the "
+                "spool %s; the next producer opened on that spool_dir delivers them",
+                left,
+                budget,
+                self.config.spool_dir,
+            )
         self._state = State.CLOSED
         self._flush_logs()
         if self._shm is not None:
@@ -1482,14 +1555,14 @@ class LogProducer:
     def _health_loop(self) -> None:
         cfg = self.config
         good = bad = 0
-        backoff = 0.1
+        backoff = _BACKOFF_START_S
         next_probe = time.monotonic()
         epoch = -1  # the degrade whose probes ``good`` counts
         while not self._stop.is_set():
             state = self._state
             now = time.monotonic()
             if state in (State.ONLINE, State.RECOVERING):
-                backoff, good = 0.1, 0
+                backoff, good = _BACKOFF_START_S, 0
                 busy = self._outstanding() > 0 or self._replay_inflight
                 if busy and now - max(self._last_ack, self._last_idle) > cfg.stall_timeout_s:
                     self._request_degrade(
@@ -1508,10 +1581,10 @@ class LogProducer:
                 self._stop.wait(0.1)
             elif state is State.DEGRADED:
                 if self._epoch != epoch:  # a new outage: earlier probes do not count
-                    epoch, good, bad, backoff = self._epoch, 0, 0, 0.1
-                if _client.probe(cfg.probe_config(), self._topic, cfg.probe_timeout_s):
+                    epoch, good, bad, backoff = self._epoch, 0, 0, _BACKOFF_START_S
+                if _client.probe(cfg.probe_config(), self._topic, self._probe_timeout()):
                     good += 1
-                    backoff = 0.1
+                    backoff = _BACKOFF_START_S
                     if good >= cfg.recovery_probes:
                         good = 0
                         self._want_recover = epoch
@@ -1521,9 +1594,22 @@ class LogProducer:
                     good = 0
                     delay = backoff * (0.5 + random.random())  # jitter: no thundering herd
                     backoff = min(backoff * 2, cfg.probe_backoff_max_s)
-                    self._stop.wait(delay)
+                    if self._urgent:
+                        # flush() or close() waits for Kafka: probe again now. (A probe
+                        # of an unreachable cluster lasts its timeout, which paces them.)
+                        delay = min(delay, 0.1)
+                    self._health_wake.wait(delay)
+                    self._health_wake.clear()
             else:
                 self._stop.wait(0.1)
+
+    def _probe_timeout(self) -> float:
+        """A probe's timeout: ``probe_timeout_s``, within what close() has left (>= 0.2 s)."""
+        t = self.config.probe_timeout_s
+        deadline = self._close_deadline
+        if deadline is not None:
+            t = min(t, max(0.2, deadline - time.monotonic()))
+        return t
 
 
 def _headers_of(msg: Message) -> Headers:

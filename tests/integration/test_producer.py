@@ -267,12 +267,13 @@ def test_broker_down_whole_run_then_new_producer_delivers(
     broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
 ) -> None:
     """With Kafka down throughout, close() leaves every record in the spool; a new
-    producer on that dir delivers all of them once the broker is up."""
+    producer on that dir delivers all of them once the broker is up, by its flush()."""
     bootstrap, port = _dead_bootstrap()
-    with LogProducer(bootstrap, "down", tmp_path, **FAST) as p:
-        for i in range(3000):
-            p.send(f"r{i}")
-        pid = p.producer_id
+    p = LogProducer(bootstrap, "down", tmp_path, **FAST)
+    for i in range(3000):
+        p.send(f"r{i}")
+    pid = p.producer_id
+    p.close(timeout=0)  # Kafka is down: no use waiting for it
     stats = p.stats()
     assert stats["state"] == "CLOSED"
     assert stats["spool_records"] == 3000
@@ -285,7 +286,7 @@ def test_broker_down_whole_run_then_new_producer_delivers(
     create_topic(broker.bootstrap_servers, "down", 2)
     with LogProducer(broker.bootstrap_servers, "down", tmp_path, **FAST) as p2:
         assert p2.producer_id == pid
-        wait_until(lambda: p2.stats()["spool_records"] == 0, 30, "the spool to drain")
+        assert p2.flush(30) == 0
         assert p2.stats()["replayed"] == 3000
     rep = check_delivery(read_topic(broker.bootstrap_servers, "down"))
     assert rep.missing(pid, range(3000)) == []
@@ -305,10 +306,11 @@ def test_every_field_arrives_as_sent_by_every_path(
     def send(p: LogProducer, i: int) -> None:
         p.send(f"v{i}", key=f"k{i}", headers=[("app", f"h{i}")], timestamp=ts0 + i)
 
-    with LogProducer(bootstrap, "fields", tmp_path, **FAST) as p:
-        for i in range(300):
-            send(p, i)  # Kafka is down: these are replayed by the next producer
-        pid = p.producer_id
+    p = LogProducer(bootstrap, "fields", tmp_path, **FAST)
+    for i in range(300):
+        send(p, i)  # Kafka is down: these are replayed by the next producer
+    pid = p.producer_id
+    p.close(timeout=0)
     broker = broker_factory(port=port)
     create_topic(broker.bootstrap_servers, "fields", 2)
     # A librdkafka queue of 5 records: most live sends find it full and queue behind it.
@@ -355,7 +357,7 @@ def test_overflow_policies_count_every_record(
                 refused += 1
                 if refused == 5:
                     break  # the policy is shown; "block" would wait max_block_s per record
-        p.flush(5)
+        p.flush_durable(5)
         s = p.stats()
         assert s["sent"] + refused == (2000 if refused < 5 else i + 1)
         assert s["spool_bytes"] <= 40_000
@@ -375,7 +377,7 @@ def test_overflow_policies_count_every_record(
     broker = broker_factory(port=port)
     create_topic(broker.bootstrap_servers, "cap", 1)
     with LogProducer(broker.bootstrap_servers, "cap", tmp_path, **FAST) as p2:
-        wait_until(lambda: p2.stats()["spool_records"] == 0, 30, "the spool to drain")
+        assert p2.flush(30) == 0
         assert p2.stats()["acked"] == kept
     assert len(read_topic(broker.bootstrap_servers, "cap")) == kept
     assert closed["sent"] == kept + closed["dropped"] + lost_on_close
@@ -442,9 +444,10 @@ def test_replayed_record_kafka_refuses_is_set_aside_once_the_disk_works(
     Then the move succeeds, the alarm clears, and the records around it are delivered."""
     bootstrap, port = _dead_bootstrap()
     big = b"x" * 50_000
-    with LogProducer(bootstrap, "refused", tmp_path, message_max_bytes=100_000, **FAST) as p:
-        for value in (b"first", big, b"last"):
-            p.send(value)
+    p = LogProducer(bootstrap, "refused", tmp_path, message_max_bytes=100_000, **FAST)
+    for value in (b"first", big, b"last"):
+        p.send(value)
+    p.close(timeout=0)
     calls = {"failed": 0}
     real = Spool.move_to_rejected
 
@@ -538,8 +541,9 @@ def test_partial_commit_to_a_full_spool_keeps_order_and_counts(
 def test_spool_survives_as_plain_sqlite(tmp_path: Path) -> None:
     """The spool is an ordinary SQLite file an operator can inspect."""
     bootstrap, _ = _dead_bootstrap()
-    with LogProducer(bootstrap, "inspect", tmp_path, **FAST) as p:
-        p.send("hello")
+    p = LogProducer(bootstrap, "inspect", tmp_path, **FAST)
+    p.send("hello")
+    p.close(timeout=0)
     conn = sqlite3.connect(tmp_path / "spool.db")
     try:
         assert conn.execute("SELECT value FROM records").fetchall() == [(b"hello",)]
@@ -589,7 +593,7 @@ def test_secrets_never_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
             tmp_path,
             **{**FAST, "kafka_config": {"sasl.username": "u", "sasl.password": "hunter2"}},
         )
-        with p:
-            p.send("x")
-            assert "hunter2" not in repr(p)
+        p.send("x")
+        assert "hunter2" not in repr(p)
+        p.close(timeout=0)
     assert "hunter2" not in caplog.text

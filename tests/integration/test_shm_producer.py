@@ -99,12 +99,16 @@ def test_shm_delivers_everything_and_clean_close_unlinks(
 def test_full_ring_spills_to_the_spool(tmp_path: Path) -> None:
     """Kafka down, 5 MB sent through a 64 KiB ring: nothing refused, all in the spool."""
     dead = f"127.0.0.1:{free_port()}"
-    with LogProducer(dead, "t", tmp_path, buffer="shm", shm_bytes=64 * 1024, **FAST) as p:
+    p = LogProducer(dead, "t", tmp_path, buffer="shm", shm_bytes=64 * 1024, **FAST)
+    try:
         for i in range(20_000):
             p.send(b"%d" % i + b"." * 250)
-        assert p.flush(60) == 0
+        assert p.flush_durable(60) == 0
         s = p.stats()
         assert (s["sent"], s["spooled"], s["dropped"], s["shm_records"]) == (20_000, 20_000, 0, 0)
+        assert p.flush(0) == 20_000  # durable, not in Kafka: flush() says so
+    finally:
+        p.close(timeout=0)
 
 
 def test_two_live_producers_on_one_name_clear_error(tmp_path: Path) -> None:
