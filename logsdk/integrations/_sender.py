@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import datetime as dt
 import json
 import math
@@ -58,9 +57,10 @@ class JsonSender:
             producer_kwargs.setdefault("max_block_s", max_block_s)
             producer = LogProducer(**producer_kwargs)
             self.owned = True
-            # An application that simply exits still delivers: atexit hooks run while the
-            # producer's daemon threads are alive (logging.shutdown() closes a handler too).
-            atexit.register(self.close)
+            # An application that simply exits still delivers: exit hooks run while the
+            # producer's daemon threads are alive (logging.shutdown() closes a handler too),
+            # in a forked or multiprocessing child as well.
+            producer._close_at_exit(self.close_timeout)
         else:
             self.owned = False
         self.producer = producer
@@ -108,5 +108,4 @@ class JsonSender:
     def close(self) -> None:
         """Close the producer if this sender created it: deliver for ``close_timeout``."""
         if self.owned:
-            atexit.unregister(self.close)
             self.producer.close(timeout=self.close_timeout)

@@ -14,15 +14,21 @@ Invariants (the at-least-once contract):
 
 from __future__ import annotations
 
+import atexit
 import collections
+import ctypes
+import dataclasses
 import enum
 import json
 import logging
 import os
 import random
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
@@ -37,10 +43,12 @@ from logsdk.errors import (
     SerializationError,
     SpoolError,
     SpoolFullError,
+    SpoolLockedError,
 )
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig, WhenFull
-from logsdk.shm._ring import ShmRing, open_for_producer
+from logsdk.shm._ring import ShmRing, inspect, open_for_producer, segment_name
+from logsdk.spool._slots import open_slot, orphans, slot_path, slot_shm_name, spooled_records
 from logsdk.spool._spool import (
     Headers,
     Row,
@@ -60,6 +68,7 @@ HEADER_SEQ = "logsdk.seq"
 _SEQ_BLOCK = 1 << 20  # sequence numbers reserved on disk at a time
 _TS_LIMIT = 1 << 63  # Kafka timestamps are int64 milliseconds
 _PURGE_WAIT_S = 30.0  # how long a purge may take to hand records back
+_SLOT_SCAN_S = 10.0  # how often free slots of spool_dir are looked at for leftovers
 _BACKOFF_START_S = 0.1  # the health thread's first pause after a failed probe (doubles)
 _SPOOL_BATCH = 5_000  # records per spool transaction
 #: A delivery report without an error but without an offset either. librdkafka reports a
@@ -129,6 +138,31 @@ class _ReplayAck(int):
             p._acked_ids.append(self)
             return
         p._on_replay_delivery(self, err, msg)
+
+
+#: Every producer not yet closed, so a forked child can mark the ones it inherited.
+_LIVE: weakref.WeakSet[LogProducer] = weakref.WeakSet()
+#: What a forked child inherited from a producer of its parent: the librdkafka client
+#: (its threads did not survive the fork: any call, its destructor included, can hang),
+#: the spool's SQLite connections and lock (closing them could disturb the parent's
+#: files), the shm mapping. Never used again, never freed, even at interpreter exit.
+_GRAVE: list[object] = []
+
+
+def _bury(obj: object) -> None:
+    """Keep ``obj`` alive for the life of the process, finalisation included."""
+    if obj is None:
+        return
+    _GRAVE.append(obj)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def _after_fork_in_child() -> None:
+    for p in list(_LIVE):
+        p._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class State(str, enum.Enum):
@@ -259,9 +293,20 @@ class LogProducer:
             shm_bytes=shm_bytes,
         )
         self._topic = topic
-        self._spool = Spool(
-            self.config.spool_dir, synchronous=spool_synchronous, max_bytes=spool_max_bytes
-        ).open()
+        # Set in a child forked after this producer started: its first use starts afresh.
+        self._stale = False
+        self._restart_lock = threading.Lock()
+        # Producers delivering what free slots of spool_dir hold (see _drain_orphans).
+        self._drains: list[LogProducer] = []
+        self._exit_timeout: float | None = None  # set by _close_at_exit()
+        self._start()
+        _LIVE.add(self)
+
+    def _start(self) -> None:
+        """Open a slot of spool_dir, a client and the threads: everything a producer runs
+        on (the constructor, and a forked child's first use of the producer)."""
+        cfg = self.config
+        self._slot, self._spool = self._open_spool()
         self.producer_id = self._spool.producer_id
         self._pid_bytes = self.producer_id.encode()
         self._pid_header = (HEADER_PRODUCER, self._pid_bytes)
@@ -282,9 +327,11 @@ class LogProducer:
         # acknowledged or spooled; what a dead owner left there goes to the spool first.
         self._shm: ShmRing | None = None
         self._shm_pressure = False  # a sender waits for room in the ring
-        if buffer == "shm":
+        if cfg.buffer == "shm":
             try:
-                self._shm = open_for_producer(self._spool, shm_name, shm_bytes)
+                self._shm = open_for_producer(
+                    self._spool, slot_shm_name(cfg.shm_name, self._slot), cfg.shm_bytes
+                )
             except BaseException:
                 self._spool.close()
                 raise
@@ -366,7 +413,7 @@ class LogProducer:
         if self._recovered_at_start:
             log.info(
                 "spool %s holds %d record(s) from an earlier run; they are replayed first",
-                self.config.spool_dir,
+                self._spool.directory,
                 self._recovered_at_start,
             )
             # No outage has been seen, so no probes to wait for (an empty spool starts
@@ -380,6 +427,119 @@ class LogProducer:
             self._direct = True
         self._pump.start()
         self._health.start()
+        self._drain_orphans()
+
+    def _open_spool(self) -> tuple[int, Spool]:
+        """Take the lowest free slot of ``spool_dir`` (see :mod:`logsdk.spool._slots`)."""
+        cfg = self.config
+        return open_slot(
+            cfg.spool_dir, synchronous=cfg.spool_synchronous, max_bytes=cfg.spool_max_bytes
+        )
+
+    # -- processes: fork, slots left by others, exit ---------------------------------------
+
+    def _forked(self) -> None:
+        """In a child just forked (one thread runs): all this producer runs on is the
+        parent's. Buried now, so that dropping the producer can never free them; its first
+        use in the child starts afresh (``_restart_in_child``)."""
+        for obj in (self._client, self._spool, self._shm, *(z for z, _ in self._zombies)):
+            _bury(obj)
+        for d in self._drains:
+            _bury(d)
+        self._stale = True
+        # The parent's locks may have been held by one of its threads at the fork.
+        self._restart_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._closed = threading.Event()
+
+    def _restart_in_child(self) -> None:
+        """First use in a forked child: start as a new producer on the same configuration,
+        with a slot of its own (producer id, seqs, spool, shm ring), a client and threads.
+        The parent's records stay the parent's: the child sends none of them."""
+        with self._restart_lock:
+            if not self._stale:
+                return
+            self._drains = []
+            self._close_deadline = None
+            self._start()
+            self._stale = False
+            if self._exit_timeout is not None:
+                self._register_exit(self._exit_timeout)
+        log.info(
+            "logsdk producer started afresh in forked process %d: slot %d, producer id %s",
+            os.getpid(),
+            self._slot,
+            self.producer_id,
+        )
+
+    def _close_at_exit(self, timeout: float) -> None:
+        """Close this producer (delivering for at most ``timeout`` seconds) when the process
+        leaves: at interpreter exit, and at the end of a process that multiprocessing or
+        billiard (Celery's pool) started, which leaves through ``os._exit`` (no atexit).
+        Registered again in a forked child at its first use."""
+        self._exit_timeout = timeout
+        self._register_exit(timeout)
+
+    def _register_exit(self, timeout: float) -> None:
+        ref = weakref.ref(self)
+
+        def close_at_exit() -> None:
+            p = ref()
+            if p is not None:
+                p.close(timeout)
+
+        atexit.register(close_at_exit)
+        for name in ("multiprocessing.util", "billiard.util"):
+            util = sys.modules.get(name)
+            finalize = getattr(util, "Finalize", None)
+            if finalize is not None:
+                finalize(None, close_at_exit, exitpriority=10)
+
+    def _drain_orphans(self) -> None:
+        """Deliver what the free slots of ``spool_dir`` hold (their producers died, were
+        recycled, or closed before Kafka took everything). Each such slot is drained by a
+        producer of its own on that slot, under the slot's producer id and seqs; this
+        producer's flush() and close() wait for them, and it closes them once they are
+        done (``_collect_drains``)."""
+        cfg = self.config
+        for index in orphans(cfg.spool_dir, self._slot):
+            path = slot_path(cfg.spool_dir, index)
+            if not self._holds_records(index, path):
+                continue
+            try:
+                drain = _SlotDrain(cfg, index, path)
+            except SpoolLockedError:
+                continue  # another process took the slot meanwhile
+            except LogSDKError as exc:
+                self._errors["slot_drain"] += 1
+                log.warning("spool slot %s left by another process not drained: %s", path, exc)
+                continue
+            log.info(
+                "spool slot %s: %d record(s) left by another process; delivering them",
+                path,
+                drain._not_in_kafka(),
+            )
+            self._drains = [*self._drains, drain]
+
+    def _holds_records(self, index: int, path: Path) -> bool:
+        if spooled_records(path) > 0:
+            return True
+        if self.config.buffer != "shm":
+            return False
+        try:
+            seg = segment_name(slot_shm_name(self.config.shm_name, index), path)
+            return inspect(seg).pending > 0
+        except LogSDKError:
+            return False  # no segment (or not readable): nothing to resend from it
+
+    def _collect_drains(self) -> None:
+        """Close the drains that delivered everything."""
+        done = [d for d in self._drains if d._not_in_kafka() == 0]
+        if done:
+            self._drains = [d for d in self._drains if d not in done]
+            for d in done:
+                d.close(0)
 
     # -- public API ----------------------------------------------------------------------
 
@@ -402,6 +562,8 @@ class LogProducer:
         :class:`~logsdk.errors.RecordTooLargeError` above ``message_max_bytes`` and,
         only when Kafka is unavailable and the spool is full, per ``when_full``.
         """
+        if self._stale:  # first use in a forked child
+            self._restart_in_child()
         v = value if type(value) is bytes else _to_bytes(value, "value")
         k = key if (key is None or type(key) is bytes) else _to_bytes(key, "key")
         h = None if headers is None else _user_headers(headers)
@@ -538,6 +700,8 @@ class LogProducer:
         ``when_full`` are not waited for. To wait only until every record is in Kafka
         or on local disk, use :meth:`flush_durable`.
         """
+        if self._stale:
+            return 0  # a forked child that has sent nothing: the parent's records are its own
         deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
         return self._wait_until_delivered(deadline)
 
@@ -549,6 +713,8 @@ class LogProducer:
         returns. Returns how many records are in neither place (0 when done). ``None``
         waits up to 60 s.
         """
+        if self._stale:
+            return 0  # a forked child that has sent nothing
         deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
         self._wake.set()
         with self._done:
@@ -563,9 +729,9 @@ class LogProducer:
     def _wait_until_delivered(self, deadline: float) -> int:
         """flush() and close(): wait until nothing is left to deliver, or the deadline."""
         self._wake.set()
-        with self._lock:
-            self._urgent += 1  # the health thread probes without backoff meanwhile
-        self._health_wake.set()
+        drains = self._drains
+        for p in (self, *drains):
+            p._hurry(+1)  # their health threads probe without backoff meanwhile
         try:
             with self._done:
                 while True:
@@ -574,8 +740,13 @@ class LogProducer:
                         return left
                     self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         finally:
-            with self._lock:
-                self._urgent -= 1
+            for p in (self, *drains):
+                p._hurry(-1)
+
+    def _hurry(self, delta: int) -> None:
+        with self._lock:
+            self._urgent += delta
+        self._health_wake.set()
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Deliver every record to Kafka within ``timeout``, then stop; what Kafka could not
@@ -594,6 +765,8 @@ class LogProducer:
         """
         budget = 60.0 if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + budget
+        if self._stale and self._close_stale():
+            return
         with self._lock:
             first = not self._closing
             self._closing = True
@@ -608,10 +781,27 @@ class LogProducer:
             self._wake.set()
             self._health_wake.set()
             self._health.join(10)
+            for d in self._drains:  # the health thread, which starts them, has stopped
+                d.close(max(0.0, deadline - time.monotonic()))
             self._pump.join(max(30.0, budget + 30.0))
             self._shutdown(budget)
         finally:
+            _LIVE.discard(self)
             self._closed.set()
+
+    def _close_stale(self) -> bool:
+        """close() in a forked child that never used this producer: nothing of this
+        process to deliver, and what it inherited is the parent's. True if it did that."""
+        with self._restart_lock:
+            if not self._stale:
+                return False
+            self._stale = False
+            self._closing = True
+            self._drains = []
+            self._state = State.CLOSED
+            _LIVE.discard(self)
+            self._closed.set()
+            return True
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: state, sent, acked, spooled, replayed, dropped, buffered, errors.
@@ -625,7 +815,12 @@ class LogProducer:
           ``alarm``: None, or why the disk cannot be used;
           ``retired_clients``: librdkafka clients replaced after a failure that have not
           yet reported all their records (their records stay in custody meanwhile).
+
+        ``slot``: the slot of ``spool_dir`` this producer holds (one per live process);
+        ``draining_slots``: slots left by other processes it is delivering.
         """
+        if self._stale:  # first use in a forked child
+            self._restart_in_child()
         with self._lock:
             backlog = len(self._backlog) + self._in_transit + len(self._failed)
             sent, dropped, rejected = self._n_sent, self._n_dropped, self._n_rejected
@@ -661,6 +856,8 @@ class LogProducer:
             "alarm": self._alarm,
             "retired_clients": len(self._zombies),
             "spool_corrupt_files": self._spool.corrupt_files_moved,
+            "slot": self._slot,
+            "draining_slots": len(self._drains),
             "errors": dict(self._errors),
         }
         if self._shm is not None:
@@ -974,7 +1171,7 @@ class LogProducer:
     def _not_in_kafka(self) -> int:
         """Records accepted and not yet acknowledged by Kafka: in memory or in the spool
         (not counting the rejected and the dropped)."""
-        return self._unsettled() + self._spool.count
+        return self._unsettled() + self._spool.count + sum(d._not_in_kafka() for d in self._drains)
 
     def _new_client(self) -> Producer:
         return _client.new_producer(self.config.librdkafka(), self._on_error)
@@ -1532,7 +1729,7 @@ class LogProducer:
                 "spool %s; the next producer opened on that spool_dir delivers them",
                 left,
                 budget,
-                self.config.spool_dir,
+                self._spool.directory,
             )
         self._state = State.CLOSED
         self._flush_logs()
@@ -1558,9 +1755,18 @@ class LogProducer:
         backoff = _BACKOFF_START_S
         next_probe = time.monotonic()
         epoch = -1  # the degrade whose probes ``good`` counts
+        next_scan = time.monotonic() + _SLOT_SCAN_S
         while not self._stop.is_set():
             state = self._state
             now = time.monotonic()
+            if now >= next_scan and not self._closing:
+                next_scan = now + _SLOT_SCAN_S
+                try:
+                    self._collect_drains()
+                    self._drain_orphans()
+                except Exception:  # a bug: say so, keep probing
+                    self._errors["slot_drain"] += 1
+                    log.exception("logsdk: looking for slots left by other processes failed")
             if state in (State.ONLINE, State.RECOVERING):
                 backoff, good = _BACKOFF_START_S, 0
                 busy = self._outstanding() > 0 or self._replay_inflight
@@ -1610,6 +1816,25 @@ class LogProducer:
         if deadline is not None:
             t = min(t, max(0.2, deadline - time.monotonic()))
         return t
+
+
+class _SlotDrain(LogProducer):
+    """Delivers what a free slot of a spool_dir holds, under the slot's own producer id
+    and seqs (and the shm ring its dead owner left), then is closed by the producer that
+    started it. It sends nothing of its own and drains no other slot."""
+
+    def __init__(self, config: ProducerConfig, index: int, path: Path) -> None:
+        self._drain_at = (index, path)
+        super().__init__(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+    def _open_spool(self) -> tuple[int, Spool]:
+        index, path = self._drain_at
+        cfg = self.config
+        spool = Spool(path, synchronous=cfg.spool_synchronous, max_bytes=cfg.spool_max_bytes)
+        return index, spool.open()
+
+    def _drain_orphans(self) -> None:
+        return
 
 
 def _headers_of(msg: Message) -> Headers:

@@ -197,16 +197,20 @@ def test_an_interrupt_right_after_produce_never_reuses_the_seq(
     assert len(set(seqs.values())) == 3, seqs  # three records, three seqs
 
 
-def test_second_producer_on_same_dir_refused(
+def test_second_producer_on_same_dir_takes_its_own_slot(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    """Two producers may not share a spool dir: the second gets SpoolLockedError."""
+    """Two producers on one spool dir never share a spool: the second takes slot 1, with a
+    producer id of its own; a Spool opened on a held slot gets SpoolLockedError."""
     topic = fresh_topic(1)
     with (
-        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path),
-        pytest.raises(SpoolLockedError, match=str(tmp_path)),
+        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as a,
+        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as b,
     ):
-        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+        assert (a.stats()["slot"], b.stats()["slot"]) == (0, 1)
+        assert a.producer_id != b.producer_id
+        with pytest.raises(SpoolLockedError, match=str(tmp_path)):
+            Spool(tmp_path).open()
 
 
 def test_corrupt_spool_producer_still_starts(

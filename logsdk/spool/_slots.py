@@ -1,0 +1,120 @@
+"""One ``spool_dir`` for a whole multi-process application: a slot per live producer.
+
+Layout: ``spool_dir`` itself is slot 0, laid out as a single-process spool always was
+(``spool.db``, ``state.json``, ``LOCK``), so a spool written before slots existed is slot 0
+as it stands. Slot ``k >= 1`` is ``spool_dir/slots/k``, a complete spool of the same
+layout. Each slot has its own producer id and seq space (its ``state.json``).
+
+Invariants:
+- a live producer owns exactly one slot, through the ``flock`` on the slot's ``LOCK``; the
+  lock goes with the process (a crash, a SIGKILL, a recycled worker all free it);
+- a producer takes the lowest-numbered slot whose lock is free, so the number of slots
+  stays at the peak number of producers alive at once (plus slots being drained);
+- records in a free slot belong to no one until a producer takes the slot as its own, or
+  drains it (:func:`orphans` lists them): either way they go to Kafka with the slot's own
+  producer id and seqs, so the dedupe headers stay unique.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+from pathlib import Path
+
+from logsdk.errors import SpoolError, SpoolLockedError
+from logsdk.spool._spool import DB_NAME, LOCK_NAME, Spool
+
+SLOTS_DIR = "slots"
+#: More slots than any host runs producers on one spool_dir: past it, something is wrong.
+MAX_SLOTS = 4096
+
+
+def slot_path(root: str | os.PathLike[str], index: int) -> Path:
+    """The directory of slot ``index`` under ``root`` (slot 0 is ``root`` itself)."""
+    base = Path(root)
+    return base if index == 0 else base / SLOTS_DIR / str(index)
+
+
+def slot_indexes(root: str | os.PathLike[str]) -> list[int]:
+    """The slots that exist under ``root``, in order (0 first, when ``root`` exists)."""
+    base = Path(root)
+    found = [0] if base.is_dir() else []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base / SLOTS_DIR):
+            name = entry.name
+            if name.isdigit() and name == str(int(name)) and int(name) > 0 and entry.is_dir():
+                found.append(int(name))
+    return sorted(found)
+
+
+def open_slot(
+    root: str | os.PathLike[str], *, synchronous: str, max_bytes: int | None
+) -> tuple[int, Spool]:
+    """Open the lowest-numbered free slot under ``root`` (creating it if needed): its
+    index and its spool, locked by this process until closed."""
+    for index in range(MAX_SLOTS):
+        path = slot_path(root, index)
+        if index > 0:
+            try:
+                (Path(root) / SLOTS_DIR).mkdir(mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise SpoolError(f"cannot create {Path(root) / SLOTS_DIR}: {exc}") from exc
+        try:
+            return index, Spool(path, synchronous=synchronous, max_bytes=max_bytes).open()
+        except SpoolLockedError:
+            continue
+    raise SpoolError(
+        f"spool dir {root}: all {MAX_SLOTS} slots are held by live producers; "
+        "is something creating producers in a loop without closing them?"
+    )
+
+
+def is_free(path: Path) -> bool:
+    """True when no live producer holds the slot at ``path`` (a moment's answer: the
+    caller must still expect :class:`SpoolLockedError` when it opens the slot)."""
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the only descriptor of this open also drops the flock
+    return True
+
+
+def spooled_records(path: Path) -> int:
+    """How many records the spool at ``path`` holds (read-only; 0 when it has none)."""
+    db = path / DB_NAME
+    if not db.exists():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error:
+        return 1  # unreadable here: let a producer open it, which repairs or reports
+    try:
+        row = conn.execute("SELECT count(*) FROM records").fetchone()
+        return int(row[0])
+    except sqlite3.Error:
+        return 1
+    finally:
+        conn.close()
+
+
+def orphans(root: str | os.PathLike[str], own: int) -> list[int]:
+    """Slots under ``root`` other than ``own`` that no live producer holds."""
+    return [i for i in slot_indexes(root) if i != own and is_free(slot_path(root, i))]
+
+
+def slot_shm_name(name: str | None, index: int) -> str | None:
+    """The ``shm_name`` of slot ``index``: ``name`` for slot 0, ``name-index`` beyond (None:
+    derived from the slot's directory, which differs per slot already)."""
+    if name is None or index == 0:
+        return name
+    return f"{name}-{index}"

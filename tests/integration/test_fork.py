@@ -1,0 +1,182 @@
+"""A producer used in a forked child starts afresh there: its own client, threads, slot of
+spool_dir, producer id and seqs; the parent's records stay the parent's. Real os.fork(),
+real broker; every record counted, and a reader deduping by (producer, seq) keeps all."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from logsdk import LogProducer
+from logsdk.spool import Spool
+from logsdk.testing import check_delivery, read_topic
+from logsdk.testing.pytest_plugin import KafkaTarget
+
+pytestmark = [
+    pytest.mark.integration,
+    # Python 3.12+ warns on every fork() of a process that runs threads; forking one that
+    # runs a producer's threads is the very case these tests show to be handled.
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
+
+
+def _in_child(fn: Callable[[], None]) -> int:
+    """Fork; run ``fn`` in the child and leave with 0 (1 on any exception, 2 on a hang
+    past 60 s, so a hang is a failure, not a stuck suite). Returns the child's pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import signal
+
+            signal.alarm(60)
+            fn()
+            code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _wait(pid: int, timeout: float = 90) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    raise AssertionError("the forked child did not finish")
+
+
+@pytest.mark.parametrize("buffer", ["memory", "shm"])
+@pytest.mark.parametrize("first_send", ["before_fork", "after_fork"])
+def test_forked_child_sends_under_its_own_identity(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    buffer: str,
+    first_send: str,
+) -> None:
+    """The parent sends (or not) before fork(); the child sends 100 and closes, quickly;
+    the parent goes on sending and closes. Every record arrives once: 100 under the child's
+    producer id, the parent's under its own, no (producer, seq) pair shared."""
+    topic = fresh_topic(2)
+    p = LogProducer(
+        kafka_broker.bootstrap_servers, topic, tmp_path, buffer=buffer, shm_bytes=1 << 20
+    )
+    parent_id = p.producer_id
+    if first_send == "before_fork":
+        for i in range(100):
+            p.send(b"parent-%d" % i)
+    result = tmp_path / "child.txt"
+
+    def child() -> None:
+        for i in range(100):
+            p.send(b"child-%d" % i)
+        assert p.flush(30) == 0
+        t0 = time.monotonic()
+        p.close(10)
+        s = p.stats()
+        result.write_text(f"{s['producer_id']} {s['slot']} {s['sent']} {time.monotonic() - t0}")
+
+    pid = _in_child(child)
+    for i in range(100, 200):
+        p.send(b"parent-%d" % i)
+    assert _wait(pid) == 0
+    assert p.flush(30) == 0
+    p.close()
+    child_id, slot, sent, close_s = result.read_text().split()
+    assert child_id != parent_id
+    assert (int(slot), int(sent)) == (1, 100)
+    assert float(close_s) < 5.0
+    msgs = read_topic(kafka_broker.bootstrap_servers, topic)
+    rep = check_delivery(msgs)
+    n_parent = 200 if first_send == "before_fork" else 100
+    assert rep.unique == n_parent + 100
+    assert rep.duplicates == 0
+    assert rep.missing(child_id, range(100)) == []
+    values = sorted(m.value() or b"" for m in msgs)
+    assert len(values) == n_parent + 100
+    assert sum(v.startswith(b"child-") for v in values) == 100
+
+
+def test_a_child_that_never_uses_the_producer_leaves_the_parent_alone(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A forked child that only closes the inherited producer (as dictConfig in gunicorn's
+    post_fork does) returns at once, takes no slot, and the parent delivers everything."""
+    topic = fresh_topic(1)
+    p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    for i in range(1000):
+        p.send(b"%d" % i)
+
+    def child() -> None:
+        t0 = time.monotonic()
+        assert p.flush(5) == 0  # nothing accepted in this process
+        p.close(10)
+        assert time.monotonic() - t0 < 1.0
+
+    assert _wait(_in_child(child)) == 0
+    for i in range(1000, 2000):
+        p.send(b"%d" % i)
+    assert p.flush(30) == 0
+    assert p.stats()["slot"] == 0
+    p.close()
+    assert not (tmp_path / "slots").exists()
+    rep = check_delivery(read_topic(kafka_broker.bootstrap_servers, topic))
+    assert rep.missing(p.producer_id, range(2000)) == []
+
+
+def test_a_free_slot_with_leftovers_is_delivered_by_the_next_producer(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Slot 2 holds records of a process that is gone (under the slot's own producer id):
+    the next producer on spool_dir takes slot 0 and its flush() delivers slot 2's records
+    too, under their own producer id and seqs; the slot is empty afterwards."""
+    topic = fresh_topic(1)
+    leftover = Spool(tmp_path / "slots" / "2").open()
+    orphan_id = leftover.producer_id
+    leftover.append([(topic, None, b"left-%d" % i, None, 1_700_000_000_000, i) for i in range(50)])
+    leftover.close()
+    p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    assert p.stats()["slot"] == 0
+    assert p.stats()["draining_slots"] == 1
+    p.send(b"own")
+    assert p.flush(30) == 0
+    p.close()
+    rep = check_delivery(read_topic(kafka_broker.bootstrap_servers, topic))
+    assert rep.missing(orphan_id, range(50)) == []
+    assert rep.missing(p.producer_id, range(1)) == []
+    again = Spool(tmp_path / "slots" / "2").open()
+    try:
+        assert again.count == 0
+        assert again.producer_id == orphan_id
+    finally:
+        again.close()
+
+
+def test_producers_take_the_lowest_free_slot(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Three live producers on one spool_dir hold slots 0, 1, 2; once the one on slot 1
+    closed, the next one takes slot 1: slots stay bounded by the peak of live producers."""
+    topic = fresh_topic(1)
+    ps = [LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) for _ in range(3)]
+    try:
+        assert [p.stats()["slot"] for p in ps] == [0, 1, 2]
+        assert len({p.producer_id for p in ps}) == 3
+        ps[1].close()
+        ps[1] = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+        assert ps[1].stats()["slot"] == 1
+    finally:
+        for p in ps:
+            p.close()
+    assert sorted(os.listdir(tmp_path / "slots")) == ["1", "2"]
