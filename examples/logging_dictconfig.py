@@ -6,7 +6,8 @@
 The ``kafka`` handler below is all an application needs: ``class`` names the handler
 and every other key (except ``level``, ``formatter``, ``filters``) is passed to it,
 here the LogProducer arguments. ``logging.shutdown()`` (run at exit) closes it, which
-delivers or spools every record.
+delivers every record to Kafka within ``close_timeout`` (what Kafka cannot take by then
+stays in the spool, for the next run).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def logging_config(bootstrap: str, topic: str, spool_dir: str) -> dict[str, Any]
                 "level": "INFO",
                 "bootstrap_servers": bootstrap,
                 "topic": topic,
-                "spool_dir": spool_dir,  # one producer per directory; keep it across restarts
+                "spool_dir": spool_dir,  # one for the whole app (a slot per process); keep it
                 "static_fields": {"service": "checkout", "env": "dev"},
             },
         },

@@ -146,7 +146,7 @@ def test_flush_probes_at_once_instead_of_waiting_for_the_backoff(
         assert p.flush_durable(10) == 0
         assert p.state is State.DEGRADED
         broker = broker_factory(port=port)
-        create_topic(broker.bootstrap_servers, "backoff", 1)
+        create_topic(broker.bootstrap_servers, "backoff", 1, exist_ok=True)
         t0 = time.monotonic()
         assert p.flush(30) == 0
         took = time.monotonic() - t0

@@ -1,0 +1,230 @@
+"""Multi-process services, started as a user starts them: gunicorn (sync workers recycled
+by --max-requests, with and without --preload), uvicorn --workers, a Celery prefork
+worker, multiprocessing pools (fork and spawn). One logging configuration, one spool_dir
+for every process (examples/servers/); every log line is counted in Kafka.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from logsdk.testing import free_port, read_topic
+from logsdk.testing.pytest_plugin import KafkaTarget
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SERVERS = Path(__file__).resolve().parents[2] / "examples" / "servers"
+BIN = Path(sys.executable).parent
+
+
+def _env(bootstrap: str, topic: str, spool: Path, buffer: str = "memory") -> dict[str, str]:
+    return {
+        **os.environ,
+        "LOGSDK_BOOTSTRAP": bootstrap,
+        "LOGSDK_TOPIC": topic,
+        "LOGSDK_SPOOL_DIR": str(spool),
+        "LOGSDK_BUFFER": buffer,
+        "PYTHONPATH": str(SERVERS),
+    }
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited early: {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port} after {timeout}s")
+
+
+def _get(port: int, rid: int) -> bool:
+    """One request; True when it was answered 200 (False: the worker died under it)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", f"/?{rid}")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> float:
+    """SIGTERM, wait; the seconds it took to exit (it must exit 0)."""
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"did not exit within {timeout}s of SIGTERM") from None
+    assert code == 0, f"exit status {code}"
+    return time.monotonic() - t0
+
+
+def _rids(bootstrap: str, topic: str) -> list[str]:
+    """The rid of every request log line in the topic (duplicates kept)."""
+    out = []
+    for m in read_topic(bootstrap, topic, timeout=60):
+        doc = json.loads(m.value() or b"")
+        if doc.get("message", "").startswith("request "):
+            out.append(doc["extra"]["rid"])
+    return out
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, env=env, cwd=SERVERS, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["workers", "preload"])
+def test_gunicorn_recycled_workers_deliver_every_line(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    server: Callable[..., subprocess.Popen[bytes]],
+    preload: bool,
+) -> None:
+    """gunicorn, 3 sync workers recycled every ~150 requests, one dictConfig and one
+    spool_dir: 3000 requests each log their id; after SIGTERM every id is in Kafka, and
+    gunicorn exited well within its graceful timeout (20 s)."""
+    topic = fresh_topic(3)
+    port = free_port()
+    cmd = [str(BIN / "gunicorn"), "-w", "3", "--max-requests", "150",
+           "--max-requests-jitter", "30", "--graceful-timeout", "20",
+           "-b", f"127.0.0.1:{port}", "wsgi_app:app"]  # fmt: skip
+    if preload:
+        cmd.insert(1, "--preload")
+    proc = server(cmd, _env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"))
+    _wait_port(port, proc)
+    answered = [rid for rid in range(3000) if _get(port, rid)]
+    took = _stop(proc, 30)
+    assert len(answered) == 3000
+    assert took < 10, took
+    got = _rids(kafka_broker.bootstrap_servers, topic)
+    assert set(got) == {str(r) for r in range(3000)}
+    slots = os.listdir(tmp_path / "spool" / "slots")
+    assert len(slots) <= 8, slots  # bounded by the peak of live processes, not by recycling
+
+
+def test_gunicorn_worker_sigkilled_with_shm_loses_no_answered_line(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    server: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """buffer="shm": one worker SIGKILLed mid-run; the worker gunicorn starts in its place
+    (or another producer on the spool dir) takes its slot over and delivers what its ring
+    held. Every line whose request was answered is in Kafka."""
+    topic = fresh_topic(3)
+    port = free_port()
+    cmd = [str(BIN / "gunicorn"), "-w", "3", "--graceful-timeout", "20",
+           "-b", f"127.0.0.1:{port}", "wsgi_app:app"]  # fmt: skip
+    proc = server(cmd, _env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool", "shm"))
+    _wait_port(port, proc)
+    answered = []
+    workers = subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for rid in range(2000):
+        if rid == 1000:
+            os.kill(int(workers[0]), signal.SIGKILL)
+        if _get(port, rid):
+            answered.append(rid)
+    _stop(proc, 30)
+    assert len(answered) >= 1990
+    got = set(_rids(kafka_broker.bootstrap_servers, topic))
+    missing = [r for r in answered if str(r) not in got]
+    assert missing == []
+
+
+def test_uvicorn_workers_deliver_every_line(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    server: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """uvicorn --workers 2 (spawned processes, each configuring logging at import): 1000
+    requests; after SIGTERM every line is in Kafka."""
+    topic = fresh_topic(2)
+    port = free_port()
+    cmd = [str(BIN / "uvicorn"), "--workers", "2", "--port", str(port), "--log-level",
+           "warning", "--timeout-graceful-shutdown", "20", "asgi_app:app"]  # fmt: skip
+    proc = server(cmd, _env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"))
+    _wait_port(port, proc)
+    answered = [rid for rid in range(1000) if _get(port, rid)]
+    took = _stop(proc, 30)
+    assert len(answered) == 1000
+    assert took < 10, took
+    assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(1000)}
+
+
+_POOL = textwrap.dedent(
+    """
+    import logging, multiprocessing, os, sys, time
+    sys.path.insert(0, os.environ["SERVERS"])
+    from logging_setup import configure
+    configure()  # module level: the parent, and each spawned child as it imports this
+    log = logging.getLogger("task")
+
+    def task(i):
+        log.info("request %d", i, extra={"rid": str(i)})
+        time.sleep(0.003)  # long enough that every worker of the pool gets tasks
+        return os.getpid()
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context(sys.argv[1])
+        pool = ctx.Pool(4)
+        pids = set(pool.map(task, range(1000), chunksize=10))
+        pool.close()
+        pool.join()
+        print(len(pids))
+    """
+)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_multiprocessing_pool_delivers_every_task_line(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path, method: str
+) -> None:
+    """multiprocessing.Pool(4) with fork and with spawn, tasks logging through a handler
+    set up at module level: every one of 1000 task lines arrives."""
+    topic = fresh_topic(2)
+    script = tmp_path / "pool_app.py"
+    script.write_text(_POOL)
+    env = {
+        **_env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"),
+        "SERVERS": str(SERVERS),
+    }
+    out = subprocess.run(
+        [sys.executable, str(script), method], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) >= 2  # the tasks really ran in several processes
+    assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(1000)}
