@@ -228,3 +228,35 @@ def test_multiprocessing_pool_delivers_every_task_line(
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip()) >= 2  # the tasks really ran in several processes
     assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(1000)}
+
+
+def test_celery_prefork_worker_delivers_every_task_line(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    server: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    """A Celery prefork worker (2 children; kombu's filesystem transport) runs 500 tasks
+    that log; after a warm shutdown (SIGTERM) every task's line is in Kafka."""
+    topic = fresh_topic(2)
+    data = tmp_path / "celery"
+    (data / "done").mkdir(parents=True)
+    env = {
+        **_env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"),
+        "CELERY_DATA": str(data),
+    }
+    send = subprocess.run(
+        [sys.executable, "-c", "from celery_app import work\nfor i in range(500): work.delay(i)"],
+        env=env, cwd=SERVERS, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert send.returncode == 0, send.stderr
+    cmd = [str(BIN / "celery"), "-A", "celery_app", "worker", "--pool", "prefork", "-c", "2",
+           "--loglevel", "WARNING", "--without-gossip", "--without-mingle"]  # fmt: skip
+    proc = server(cmd, env)
+    deadline = time.monotonic() + 120
+    while len(os.listdir(data / "done")) < 500:
+        assert proc.poll() is None, f"the worker exited: {proc.returncode}"
+        assert time.monotonic() < deadline, f"{len(os.listdir(data / 'done'))} of 500 tasks ran"
+        time.sleep(0.1)
+    _stop(proc, 60)
+    assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(500)}
