@@ -26,6 +26,7 @@ from logsdk._cli._common import (
     sigterm_as_interrupt,
 )
 from logsdk.errors import SpoolError
+from logsdk.spool._slots import is_free, slot_indexes, slot_path
 from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME, decode_headers
 
 if TYPE_CHECKING:
@@ -40,9 +41,10 @@ def register(sub: Subparsers) -> None:
         help="inspect, replay or export a producer's spool directory",
         description=(
             "A LogProducer keeps records Kafka has not acknowledged in an SQLite spool "
-            "in its spool dir. `status` and `export` read it read-only, without the "
-            "producer's lock, so they work while the producer runs; `replay` opens a "
-            "producer on the dir (so no other may hold it) and sends everything to Kafka."
+            "in its spool dir: one slot per live process (the dir itself is slot 0, "
+            "slots/1, slots/2... the others). `status` and `export` read every slot "
+            "read-only, without the producers' locks, so they work while producers run; "
+            "`replay` sends to Kafka what the slots no live producer holds contain."
         ),
         examples="""
             logsdk spool status /var/lib/myapp/logsdk
@@ -95,9 +97,11 @@ def register(sub: Subparsers) -> None:
         "replay",
         help="send the spooled records to Kafka, with progress, until the spool is empty",
         description=(
-            "Open a LogProducer on the spool dir and wait until it replayed every record "
-            "(oldest first, each deleted only after Kafka acknowledged it). Fails if "
-            "another producer holds the dir. Exit status 1 if records are left at --timeout."
+            "Open a LogProducer on the spool dir and wait until it replayed every record of "
+            "the slots no live producer holds (oldest first, each deleted only after Kafka "
+            "acknowledged it). A slot a live producer holds is that producer's to deliver: "
+            "it is named, not touched. Exit status 1 if records are left at --timeout or "
+            "held by a live producer."
         ),
         examples="""
             logsdk spool replay /var/lib/myapp/logsdk -b kafka1:9092
@@ -186,8 +190,8 @@ def _owner(directory: Path) -> dict[str, Any]:
     return {"pid": pid, "running": running}
 
 
-def spool_status(directory: Path) -> dict[str, Any]:
-    """Everything ``status`` shows, as a dict (see ``--json``)."""
+def slot_status(directory: Path) -> dict[str, Any]:
+    """What one slot holds, as a dict."""
     with open_readonly(directory) as conn:
         n, size, oldest, newest, seq_lo, seq_hi = conn.execute(
             "SELECT count(*), coalesce(sum(size), 0), min(ts), max(ts), min(seq), max(seq) "
@@ -222,6 +226,45 @@ def spool_status(directory: Path) -> dict[str, Any]:
     }
 
 
+def spool_status(directory: Path) -> dict[str, Any]:
+    """Everything ``status`` shows, as a dict (see ``--json``): the totals of every slot,
+    ``slots`` (each slot's own figures), and ``producer_id``/``locked_by`` of slot 0."""
+    _db_path(directory)
+    slots = []
+    for index in slot_indexes(directory):
+        path = slot_path(directory, index)
+        if (path / DB_NAME).is_file():
+            slots.append({"slot": index, **slot_status(path)})
+    topics: dict[str, dict[str, Any]] = {}
+    for sl in slots:
+        for name, t in sl["topics"].items():
+            acc = topics.setdefault(name, {"records": 0, "bytes": 0, "oldest": [], "newest": []})
+            acc["records"] += t["records"]
+            acc["bytes"] += t["bytes"]
+            acc["oldest"].append(t["oldest"])
+            acc["newest"].append(t["newest"])
+    for t in topics.values():  # ISO stamps of one format: text order is time order
+        t["oldest"] = min((x for x in t["oldest"] if x), default=None)
+        t["newest"] = max((x for x in t["newest"] if x), default=None)
+    stamps = [sl[k] for sl in slots for k in ("oldest", "newest") if sl[k]]
+    first = slots[0]
+    return {
+        "dir": str(directory),
+        "producer_id": first["producer_id"],
+        "records": sum(sl["records"] for sl in slots),
+        "bytes": sum(sl["bytes"] for sl in slots),
+        "file_bytes": sum(sl["file_bytes"] for sl in slots),
+        "oldest": min(stamps) if stamps else None,
+        "newest": max(stamps) if stamps else None,
+        "seq_range": first["seq_range"],
+        "rejected": sum(sl["rejected"] for sl in slots),
+        "corrupt_files": first["corrupt_files"],
+        "locked_by": first["locked_by"],
+        "topics": dict(sorted(topics.items())),
+        "slots": slots,
+    }
+
+
 def run_status(args: argparse.Namespace) -> int:
     """Print the summary of one spool dir."""
     s = spool_status(args.dir)
@@ -240,6 +283,16 @@ def run_status(args: argparse.Namespace) -> int:
     print(f"rejected   {s['rejected']}  (records Kafka refused, kept for inspection)")
     for name in s["corrupt_files"]:
         print(f"corrupt    {name}  (a damaged spool moved aside; inspect or delete it)")
+    if len(s["slots"]) > 1:
+        print()
+        print(f"{'slot':>4} {'records':>9} {'bytes':>12}  producer                          owner")
+        for sl in s["slots"]:
+            o = sl["locked_by"]
+            who = f"pid {o['pid']}" if o["running"] else "none (free)"
+            print(
+                f"{sl['slot']:>4} {sl['records']:>9} {sl['bytes']:>12,}  "
+                f"{sl['producer_id'] or '-':<33} {who}"
+            )
     if s["topics"]:
         width = max(5, *(len(t) for t in s["topics"]))
         print()
@@ -262,41 +315,49 @@ def _field(data: bytes | None) -> Any:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Write the records (or the rejected ones) as JSON lines, oldest first."""
-    state_path = args.dir / STATE_NAME
-    try:
-        producer = json.loads(state_path.read_text()).get("producer_id")
-    except (OSError, ValueError):
-        producer = None
+    """Write the records (or the rejected ones) of every slot as JSON lines, slot by
+    slot, oldest first in each."""
+    _db_path(args.dir)
     table, extra = ("rejected", ", error, at") if args.rejected else ("records", "")
     out: IO[str]
     n = 0
-    with open_readonly(args.dir) as conn, contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         out = (
             stack.enter_context(args.output.open("w", encoding="utf-8"))
             if args.output is not None
             else sys.stdout
         )
-        cur = conn.execute(
-            f"SELECT id, topic, key, value, headers, ts, seq{extra} FROM {table} ORDER BY id"
-        )
-        while rows := cur.fetchmany(1000):
-            for row in rows:
-                rid, topic, key, value, hblob, ts, seq = row[:7]
-                doc: dict[str, Any] = {
-                    "id": rid,
-                    "topic": topic,
-                    "key": _field(key),
-                    "value": _field(value),
-                    "headers": [[k, _field(v)] for k, v in decode_headers(hblob)],
-                    "timestamp": ts,
-                    "seq": seq,
-                    "producer": producer,
-                }
-                if args.rejected:
-                    doc["error"], doc["rejected_at"] = row[7], row[8]
-                out.write(json.dumps(doc, ensure_ascii=False) + "\n")
-                n += 1
+        for index in slot_indexes(args.dir):
+            path = slot_path(args.dir, index)
+            if not (path / DB_NAME).is_file():
+                continue
+            try:
+                producer = json.loads((path / STATE_NAME).read_text()).get("producer_id")
+            except (OSError, ValueError, AttributeError):
+                producer = None
+            with open_readonly(path) as conn:
+                cur = conn.execute(
+                    f"SELECT id, topic, key, value, headers, ts, seq{extra} FROM {table} "
+                    "ORDER BY id"
+                )
+                while rows := cur.fetchmany(1000):
+                    for row in rows:
+                        rid, topic, key, value, hblob, ts, seq = row[:7]
+                        doc: dict[str, Any] = {
+                            "id": rid,
+                            "topic": topic,
+                            "key": _field(key),
+                            "value": _field(value),
+                            "headers": [[k, _field(v)] for k, v in decode_headers(hblob)],
+                            "timestamp": ts,
+                            "seq": seq,
+                            "producer": producer,
+                            "slot": index,
+                        }
+                        if args.rejected:
+                            doc["error"], doc["rejected_at"] = row[7], row[8]
+                        out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+                        n += 1
         out.flush()
     if args.output is not None:
         print(f"logsdk: exported {n} record(s) to {args.output}", file=sys.stderr)
@@ -304,17 +365,34 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    """Open a producer on the dir and show progress until its spool is empty."""
+    """Open a producer on the dir and show progress until the free slots are delivered."""
     from logsdk.producer import LogProducer
 
-    with open_readonly(args.dir) as conn:
-        total, first_topic = conn.execute(
-            "SELECT count(*), (SELECT topic FROM records ORDER BY id LIMIT 1) FROM records"
-        ).fetchone()
+    _db_path(args.dir)
+    total, first_topic, held = 0, None, []
+    for index in slot_indexes(args.dir):
+        path = slot_path(args.dir, index)
+        if not (path / DB_NAME).is_file():
+            continue
+        with open_readonly(path) as conn:
+            n, topic = conn.execute(
+                "SELECT count(*), (SELECT topic FROM records ORDER BY id LIMIT 1) FROM records"
+            ).fetchone()
+        if n and is_free(path):
+            total += n
+            first_topic = first_topic or topic
+        elif n:
+            held.append((index, n, _owner(path)["pid"]))
+    for index, n, pid in held:
+        err(
+            f"slot {index}: {n} record(s) held by pid {pid}, in use by another LogProducer, "
+            "which delivers them itself; not touched"
+        )
     if total == 0:
-        print(f"logsdk: spool {args.dir} is empty; nothing to replay", file=sys.stderr)
-        return 0
-    topic = args.topic or first_topic
+        if not held:
+            print(f"logsdk: spool {args.dir} is empty; nothing to replay", file=sys.stderr)
+        return 1 if held else 0
+    topic = str(args.topic or first_topic)
     kw: dict[str, Any] = {"kafka_config": kafka_config(args)}
     if args.rate is not None:
         kw["replay_max_rate"] = args.rate
@@ -327,18 +405,20 @@ def run_replay(args: argparse.Namespace) -> int:
                 err("interrupted; what was not acknowledged stays in the spool")
                 left = -1
     finally:
-        producer.close()
+        # The replay had its timeout: what is left stays in the spool, for a later run.
+        producer.close(timeout=0)
+    rest = sum(sl["records"] for sl in spool_status(args.dir)["slots"]) - sum(n for _, n, _ in held)
     s = producer.stats()
     print(
-        f"logsdk: replayed {s['replayed']} of {total} record(s); "
-        f"{s['spool_records']} left in the spool, {s['rejected']} rejected by Kafka",
+        f"logsdk: replayed {max(0, total - rest)} of {total} record(s); "
+        f"{rest} left in the spool, {s['rejected']} rejected by Kafka",
         file=sys.stderr,
     )
-    if s["spool_records"]:
+    if rest:
         if left >= 0:
-            err(f"{s['spool_records']} record(s) not delivered within {args.timeout:g}s")
+            err(f"{rest} record(s) not delivered within {args.timeout:g}s")
         return 1
-    return 0
+    return 1 if held else 0
 
 
 def _show_progress(producer: LogProducer, total: int, timeout: float) -> int:
@@ -348,9 +428,9 @@ def _show_progress(producer: LogProducer, total: int, timeout: float) -> int:
     next_line = 0.0
     while True:
         s = producer.stats()
-        left = int(s["spool_records"])
+        left = int(s["undelivered"])
         done = max(0, total - left)
-        finished = left == 0 and s["buffered"] == 0
+        finished = left == 0
         now = time.monotonic()
         if tty or finished or now >= next_line:
             width = 30

@@ -298,6 +298,7 @@ class LogProducer:
         self._restart_lock = threading.Lock()
         # Producers delivering what free slots of spool_dir hold (see _drain_orphans).
         self._drains: list[LogProducer] = []
+        self._drains_lock = threading.Lock()  # looking at slots: health thread, flush, close
         self._exit_timeout: float | None = None  # set by _close_at_exit()
         self._start()
         _LIVE.add(self)
@@ -425,9 +426,9 @@ class LogProducer:
             self._client = self._new_client()
             self._state = State.ONLINE
             self._direct = True
+        self._scan_slots()
         self._pump.start()
         self._health.start()
-        self._drain_orphans()
 
     def _open_spool(self) -> tuple[int, Spool]:
         """Take the lowest free slot of ``spool_dir`` (see :mod:`logsdk.spool._slots`)."""
@@ -449,6 +450,7 @@ class LogProducer:
         self._stale = True
         # The parent's locks may have been held by one of its threads at the fork.
         self._restart_lock = threading.Lock()
+        self._drains_lock = threading.Lock()
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
         self._closed = threading.Event()
@@ -495,6 +497,12 @@ class LogProducer:
             finalize = getattr(util, "Finalize", None)
             if finalize is not None:
                 finalize(None, close_at_exit, exitpriority=10)
+
+    def _scan_slots(self) -> None:
+        """Close the drains that are done; start one for each free slot with records."""
+        with self._drains_lock:
+            self._collect_drains()
+            self._drain_orphans()
 
     def _drain_orphans(self) -> None:
         """Deliver what the free slots of ``spool_dir`` hold (their producers died, were
@@ -703,6 +711,7 @@ class LogProducer:
         if self._stale:
             return 0  # a forked child that has sent nothing: the parent's records are its own
         deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
+        self._scan_slots()
         return self._wait_until_delivered(deadline)
 
     def flush_durable(self, timeout: float | None = None) -> int:
@@ -776,13 +785,17 @@ class LogProducer:
             return
         try:
             self._close_deadline = deadline
+            # Slots other processes left (a pool's children that closed before Kafka took
+            # everything) are delivered too, within the same timeout.
+            self._scan_slots()
             self._wait_until_delivered(deadline)
             self._stop.set()
             self._wake.set()
             self._health_wake.set()
             self._health.join(10)
-            for d in self._drains:  # the health thread, which starts them, has stopped
-                d.close(max(0.0, deadline - time.monotonic()))
+            with self._drains_lock:
+                for d in self._drains:
+                    d.close(max(0.0, deadline - time.monotonic()))
             self._pump.join(max(30.0, budget + 30.0))
             self._shutdown(budget)
         finally:
@@ -817,7 +830,9 @@ class LogProducer:
           yet reported all their records (their records stay in custody meanwhile).
 
         ``slot``: the slot of ``spool_dir`` this producer holds (one per live process);
-        ``draining_slots``: slots left by other processes it is delivering.
+        ``draining_slots``: slots left by other processes it is delivering;
+        ``undelivered``: records not yet in Kafka, those slots' included (what
+        :meth:`flush` waits for).
         """
         if self._stale:  # first use in a forked child
             self._restart_in_child()
@@ -858,6 +873,7 @@ class LogProducer:
             "spool_corrupt_files": self._spool.corrupt_files_moved,
             "slot": self._slot,
             "draining_slots": len(self._drains),
+            "undelivered": self._not_in_kafka(),
             "errors": dict(self._errors),
         }
         if self._shm is not None:
@@ -1762,8 +1778,7 @@ class LogProducer:
             if now >= next_scan and not self._closing:
                 next_scan = now + _SLOT_SCAN_S
                 try:
-                    self._collect_drains()
-                    self._drain_orphans()
+                    self._scan_slots()
                 except Exception:  # a bug: say so, keep probing
                     self._errors["slot_drain"] += 1
                     log.exception("logsdk: looking for slots left by other processes failed")

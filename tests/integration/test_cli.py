@@ -284,3 +284,49 @@ def test_bench_runs_the_checkout_runner_or_says_why_not(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "no benchmarks found" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_spool_commands_see_every_slot(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """One spool dir, three slots: 0 held by a live producer (Kafka unreachable for it),
+    1 and 2 left by processes that are gone. status and export show all three; replay
+    delivers the free slots under their own producer ids, names the held one, leaves it
+    alone and exits 1 (records remain, held by a live producer)."""
+    from logsdk.spool import Spool
+
+    topic = fresh_topic(1)
+    spool = tmp_path / "spool"
+    dead = f"127.0.0.1:{free_port()}"
+    holder = LogProducer(dead, topic, spool, **FAST)
+    try:
+        for i in range(5):
+            holder.send(b"held-%d" % i)
+        assert holder.flush_durable(10) == 0
+        ids = {}
+        for index, n in ((1, 7), (2, 3)):
+            s = Spool(spool / "slots" / str(index)).open()
+            ids[index] = s.producer_id
+            s.append([(topic, None, b"left-%d-%d" % (index, i), None, 1, i) for i in range(n)])
+            s.close()
+        out = cli("spool", "status", str(spool), "--json")
+        assert out.returncode == 0, out.stderr
+        status = json.loads(out.stdout)
+        assert status["records"] == 15
+        assert [(sl["slot"], sl["records"]) for sl in status["slots"]] == [(0, 5), (1, 7), (2, 3)]
+        assert status["slots"][0]["locked_by"]["running"] is True
+        export = cli("spool", "export", str(spool))
+        docs = [json.loads(line) for line in export.stdout.splitlines()]
+        assert [d["slot"] for d in docs] == [0] * 5 + [1] * 7 + [2] * 3
+        assert {d["producer"] for d in docs if d["slot"] == 1} == {ids[1]}
+        replay = cli("spool", "replay", str(spool), "-b", kafka_broker.bootstrap_servers)
+        assert replay.returncode == 1, replay.stderr
+        assert "slot 0: 5 record(s) held by pid" in replay.stderr
+        assert "replayed 10 of 10" in replay.stderr
+        got = read_topic(kafka_broker.bootstrap_servers, topic)
+        pairs = {(dict(m.headers() or [])["logsdk.producer"].decode(), m.value()) for m in got}
+        assert len(got) == 10
+        assert (ids[1], b"left-1-6") in pairs
+        assert (ids[2], b"left-2-0") in pairs
+    finally:
+        holder.close(timeout=0)
