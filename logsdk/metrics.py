@@ -86,6 +86,14 @@ PRODUCER_METRICS: dict[str, MetricDoc] = {
     ),
     "next_seq": MetricDoc("gauge", "the logsdk.seq the next record will get"),
     "degraded_s": MetricDoc("counter", "seconds spent DEGRADED (spooling) since the start"),
+    "slot": MetricDoc("gauge", "the slot of spool_dir this producer holds (one per process)"),
+    "draining_slots": MetricDoc(
+        "gauge", "slots left by other processes this producer is delivering"
+    ),
+    "undelivered": MetricDoc(
+        "gauge",
+        "records not yet in Kafka (memory, spool, slots being drained): what flush waits for",
+    ),
     "errors": MetricDoc(
         "counter", "errors by kind (librdkafka error names, spool_io, ...)", "by", "kind"
     ),
