@@ -3,8 +3,12 @@
     LOGSDK_BOOTSTRAP=localhost:9092 uvicorn --workers 2 --app-dir examples/servers asgi_app:app
 
 uvicorn starts its workers with multiprocessing's spawn: each imports this module, so
-each configures logging itself and takes its own slot of the spool dir; a worker's exit
-delivers what it logged.
+each configures logging itself and takes its own slot of the spool dir.
+
+uvicorn ends a worker by re-raising the SIGTERM it caught once its graceful shutdown is
+done: the process dies by the signal, and exit hooks (``logging.shutdown()``) do not run.
+So the app closes its logging in the lifespan shutdown, which delivers what the worker
+logged (within the handler's ``close_timeout``) before that.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ async def app(
             if msg["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
+                logging.shutdown()  # delivers: the worker will die by SIGTERM after this
                 await send({"type": "lifespan.shutdown.complete"})
                 return
     rid = scope.get("query_string", b"").decode()

@@ -14,13 +14,14 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from logsdk.testing import free_port, read_topic
+from logsdk.testing import EmbeddedBroker, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -165,24 +166,35 @@ def test_gunicorn_worker_sigkilled_with_shm_loses_no_answered_line(
 
 
 def test_uvicorn_workers_deliver_every_line(
-    kafka_broker: KafkaTarget,
-    fresh_topic: Callable[..., str],
+    broker_factory: Callable[..., EmbeddedBroker],
     tmp_path: Path,
     server: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
     """uvicorn --workers 2 (spawned processes, each configuring logging at import): 1000
-    requests; after SIGTERM every line is in Kafka."""
-    topic = fresh_topic(2)
+    requests, then 200 more while the broker is paused (their lines wait in the workers'
+    memory); uvicorn gets SIGTERM, the broker resumes 1 s later: the workers' lifespan
+    shutdown delivers, and every line is in Kafka."""
+    broker = broker_factory()
+    topic = create_topic(broker.bootstrap_servers, "uvicorn", 2)
     port = free_port()
     cmd = [str(BIN / "uvicorn"), "--workers", "2", "--port", str(port), "--log-level",
            "warning", "--timeout-graceful-shutdown", "20", "asgi_app:app"]  # fmt: skip
-    proc = server(cmd, _env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"))
+    proc = server(cmd, _env(broker.bootstrap_servers, topic, tmp_path / "spool"))
     _wait_port(port, proc)
     answered = [rid for rid in range(1000) if _get(port, rid)]
-    took = _stop(proc, 30)
-    assert len(answered) == 1000
+    broker.pause()
+    try:
+        answered += [rid for rid in range(1000, 1200) if _get(port, rid)]
+        # SIGTERM while their lines wait; the broker is back 1 s later, while the
+        # workers' shutdown (the handler's close) still waits for Kafka.
+        threading.Timer(1.0, broker.resume).start()
+        took = _stop(proc, 30)
+    finally:
+        if broker.is_paused:
+            broker.resume()
+    assert len(answered) == 1200
     assert took < 10, took
-    assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(1000)}
+    assert set(_rids(broker.bootstrap_servers, topic)) == {str(r) for r in range(1200)}
 
 
 _POOL = textwrap.dedent(
