@@ -29,6 +29,15 @@ _RECORD_ERRORS = frozenset(
         KafkaError.INVALID_TIMESTAMP,
         KafkaError._INVALID_ARG,
         KafkaError._BAD_MSG,
+        # The record's topic: Kafka refuses the name, the client may not write to it, or it
+        # does not exist (librdkafka reports that only after topic.metadata.propagation.max.ms
+        # or when auto-creation is off). Resending cannot help; the record is set aside in
+        # the spool's rejected table, and the others go on.
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
     }
 )
 #: Errors that mean the cluster (or the path to it) is gone.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -19,7 +20,18 @@ _OWNED: dict[str, str | int | float | bool] = {
     "acks": "all",
 }
 _FORBIDDEN = ("on_delivery", "delivery.report.only.error", "error_cb", "transactional.id")
-_SECRET_WORDS = ("password", "secret", "token", "key.pem", "private")
+_SECRET_WORDS = ("password", "secret", "token", "key.pem", "private", "oauthbearer.config", "jaas")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def check_topic(topic: object, what: str = "topic") -> str:
+    """``topic`` if Kafka accepts it as a topic name, else :class:`ConfigError`."""
+    if not isinstance(topic, str) or not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
+        raise ConfigError(
+            f"{what} {topic!r} is not a valid Kafka topic name: use 1-249 characters "
+            "from A-Z a-z 0-9 . _ - (and not '.' or '..')"
+        )
+    return topic
 
 
 def is_secret(name: str) -> bool:
@@ -61,8 +73,7 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
             raise ConfigError("bootstrap_servers must be a non-empty 'host:port[,host:port]'")
-        if not isinstance(self.topic, str) or not self.topic.strip():
-            raise ConfigError("topic must be a non-empty topic name")
+        check_topic(self.topic)
         if not isinstance(self.spool_dir, (str, os.PathLike)) or not str(self.spool_dir):
             raise ConfigError("spool_dir must be a directory path")
         if self.buffer not in ("memory", "shm"):

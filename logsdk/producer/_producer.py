@@ -46,7 +46,7 @@ from logsdk.errors import (
     SpoolLockedError,
 )
 from logsdk.producer import _client
-from logsdk.producer._config import ProducerConfig, WhenFull
+from logsdk.producer._config import ProducerConfig, WhenFull, check_topic
 from logsdk.shm._ring import ShmRing, inspect, open_for_producer, segment_name
 from logsdk.spool._slots import open_slot, orphans, slot_path, slot_shm_name, spooled_records
 from logsdk.spool._spool import (
@@ -180,18 +180,33 @@ def _to_bytes(value: object, what: str) -> bytes | None:
     if type(value) is bytes:
         return value
     if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, (bytearray, memoryview)):
+        try:
+            return value.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate: not text Kafka can carry
+            raise SerializationError(
+                f"{what} is not valid Unicode text ({exc.reason} at {exc.start}); "
+                "pass bytes, or text without lone surrogates"
+            ) from exc
+    if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, dict) and what == "value":
         try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-        except (TypeError, ValueError) as exc:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            return text.encode()
+        except (TypeError, ValueError, RecursionError) as exc:
             raise SerializationError(f"value is not JSON-serialisable: {exc}") from exc
     raise SerializationError(
         f"{what} must be bytes, str{' or a JSON-serialisable dict' if what == 'value' else ''}"
         f" or None, got {type(value).__name__}"
     )
+
+
+def _is_utf8_text(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _user_headers(headers: object) -> Headers | None:
@@ -211,6 +226,10 @@ def _user_headers(headers: object) -> Headers | None:
         name, val = item
         if not isinstance(name, str):
             raise SerializationError(f"header name {name!r} must be str")
+        if "\x00" in name or (not name.isascii() and not _is_utf8_text(name)):
+            raise SerializationError(
+                f"header name {name!r} must be text without NUL or lone surrogates"
+            )
         if name.startswith("logsdk."):
             raise SerializationError(f"header names starting with 'logsdk.' are reserved: {name}")
         out.append((name, _to_bytes(val, f"header {name!r}")))
@@ -293,6 +312,7 @@ class LogProducer:
             shm_bytes=shm_bytes,
         )
         self._topic = topic
+        self._topics_ok: set[str] = {topic}  # topic names send() has checked
         # Set in a child forked after this producer started: its first use starts afresh.
         self._stale = False
         self._restart_lock = threading.Lock()
@@ -577,10 +597,16 @@ class LogProducer:
         h = None if headers is None else _user_headers(headers)
         if topic is None:
             topic = self._topic
-        elif not isinstance(topic, str) or not topic:
-            raise ConfigError(f"topic must be a non-empty str, got {topic!r}")
-        if timestamp is not None and (type(timestamp) is not int or not 0 <= timestamp < _TS_LIMIT):
-            raise ConfigError(f"timestamp must be milliseconds since the epoch, got {timestamp!r}")
+        elif type(topic) is not str or topic not in self._topics_ok:
+            check_topic(topic)
+            if len(self._topics_ok) > 10_000:  # names made up per record: keep it bounded
+                self._topics_ok.clear()
+            self._topics_ok.add(topic)  # a set: each name is checked once
+        if timestamp is not None and (type(timestamp) is not int or not 0 < timestamp < _TS_LIMIT):
+            raise ConfigError(
+                f"timestamp must be milliseconds since the epoch, >= 1 (librdkafka reads 0 as "
+                f"'now'), got {timestamp!r}"
+            )
         size = (0 if v is None else len(v)) + (0 if k is None else len(k))
         if size > self._max_bytes:
             with self._lock:
@@ -638,7 +664,7 @@ class LogProducer:
                             timestamp,
                             hdrs,
                         )
-                    except (BufferError, KafkaException) as exc:
+                    except (BufferError, KafkaException, ValueError, TypeError) as exc:
                         self._n_produced -= 1
                         self._give_back(ticket)
                         self._direct_refused(rec, exc)
@@ -682,9 +708,16 @@ class LogProducer:
         if not wake.is_set():  # set() takes a lock each time; the pump clears before a step
             wake.set()
 
-    def _direct_refused(self, rec: Rec, exc: BufferError | KafkaException) -> None:
+    def _direct_refused(
+        self, rec: Rec, exc: BufferError | KafkaException | ValueError | TypeError
+    ) -> None:
         """send()'s produce raised (caller holds _lock): queue the record behind the client
         (full, or broken: a degrade is requested), or raise when Kafka refuses the record."""
+        if isinstance(exc, (ValueError, TypeError)):  # the client refused its fields
+            self._n_rejected += 1
+            self._errors["record_rejected"] += 1
+            self._release(rec)  # refused: not in custody
+            raise SerializationError(f"librdkafka refused the record: {exc}") from exc
         if isinstance(exc, KafkaException):
             if _client.is_record_exception(exc):  # the record itself: not accepted
                 self._n_rejected += 1
@@ -902,8 +935,11 @@ class LogProducer:
     # -- send path helpers (caller holds _lock) ----------------------------------------------
 
     def _reserve_seq(self) -> None:
-        self._seq_limit += _SEQ_BLOCK
-        self._spool.reserve_seq(self._seq_limit)
+        # On disk first: a failed write raises with nothing advanced, so no seq is ever
+        # used that a restart could hand out again.
+        limit = self._seq_limit + _SEQ_BLOCK
+        self._spool.reserve_seq(limit)
+        self._seq_limit = limit
 
     def _enqueue(self, rec: Rec) -> None:
         """Append to the backlog, applying ``when_full`` when memory and spool are full."""
@@ -1373,6 +1409,12 @@ class LogProducer:
                 produce(topic, value, key, -1, ack(rid), None, ts or 0, hdrs)
             except BufferError:
                 break
+            except (ValueError, TypeError) as exc:
+                # Fields the client cannot take (a row written before send() checked them,
+                # or by another program): set aside, and the cursor moves past it.
+                self._reject_replayed(rid, seq.decode(), f"{type(exc).__name__}: {exc}")
+                cursor = rid
+                continue
             except KafkaException as exc:
                 if _client.is_record_exception(exc):
                     self._reject_replayed(rid, seq.decode(), str(exc))
@@ -1453,11 +1495,11 @@ class LogProducer:
                 ts or 0,
                 hdrs,
             )
-        except (BufferError, KafkaException) as exc:
+        except (BufferError, KafkaException, ValueError, TypeError) as exc:
             self._give_back(ticket)
             if isinstance(exc, BufferError):
                 return False
-            if _client.is_record_exception(exc):
+            if not isinstance(exc, KafkaException) or _client.is_record_exception(exc):
                 raise
             self._errors["produce_error"] += 1
             self._request_degrade(f"produce failed: {exc}")
@@ -1469,7 +1511,7 @@ class LogProducer:
         """Hand an already accepted record to the client; one Kafka refuses is set aside."""
         try:
             return self._produce_rec(rec)
-        except KafkaException as exc:
+        except (KafkaException, ValueError, TypeError) as exc:
             self._errors["rejected"] += 1
             self._n_rejected += 1
             self._deferred_logs.append(

@@ -294,6 +294,9 @@ class Spool:
         self._checkpointer: _Checkpointer | None = None
         self._unchecked = 0  # bytes committed since the last checkpoint request
         self._clean: dict[str, int] | None = None  # the summary a clean close left
+        self._state_trusted = False  # state.json was read whole at open
+        self._db_identity: tuple[str, int] | None = None  # the database's copy of the id
+        self._seq_above_rows = 0  # 1 + the highest seq a row holds, when it was looked at
         self.checked_at_open = True  # False: the summary stood in for quick_check
         self._gauges_exact = True  # count/bytes match the table (a failed recount: not)
         self._recounted_from = -1  # the count recount_if_off() last found to be off
@@ -308,8 +311,14 @@ class Spool:
             raise SpoolError(f"cannot create spool dir {self.directory}: {exc}") from exc
         self._take_lock()
         try:
-            self._load_state()
+            try:
+                self._load_state()
+            except OSError as exc:
+                raise SpoolError(
+                    f"spool state {self.directory / STATE_NAME} cannot be written: {exc}"
+                ) from exc
             self._conn = self._open_db()
+            self._reconcile_identity()
         except BaseException:
             self._release_lock()
             raise
@@ -460,6 +469,7 @@ class Spool:
             if clean is None:
                 _quick_check(conn)
             self._create_schema(conn)
+            self._read_identity(conn)
             (mark,) = conn.execute(
                 "SELECT value FROM meta WHERE name = 'replayed_through'"
             ).fetchone()
@@ -549,16 +559,22 @@ class Spool:
 
     def _load_state(self) -> None:
         path = self.directory / STATE_NAME
+        self._state_trusted = False
         try:
-            self._state = json.loads(path.read_text())
-            if not isinstance(self._state.get("producer_id"), str):
+            state = json.loads(path.read_text())
+            if not isinstance(state, dict) or not isinstance(state.get("producer_id"), str):
                 raise ValueError("no producer_id")
+            if not isinstance(state.get("seq_reserved", 0), int):
+                raise ValueError("seq_reserved is not an integer")
+            self._state, self._state_trusted = state, True
         except FileNotFoundError:
             self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
             self._write_state()
-        except (ValueError, OSError) as exc:
-            # The id is lost with the file: start a new identity rather than guess one.
-            log.error("spool state %s unreadable (%s); starting a new producer id", path, exc)
+        except (ValueError, UnicodeDecodeError, IsADirectoryError) as exc:
+            # The database keeps a copy of the identity (_reconcile_identity): this fresh one
+            # stands only if it holds none.
+            log.error("spool state %s unreadable (%s); taking the identity from the database",
+                      path, exc)  # fmt: skip
             self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
             self._write_state()
         clean = self._state.pop("closed", None)
@@ -573,6 +589,54 @@ class Spool:
             return
         if isinstance(clean, dict) and all(type(clean.get(k)) is int for k in _CLEAN_KEYS):
             self._clean = clean
+
+    def _read_identity(self, conn: sqlite3.Connection) -> None:
+        """Read the database's copy of the identity (in ``_connect_and_check``, so a damaged
+        file is handled as any other), and, only when it is needed, the highest seq a row
+        holds (a scan of the table)."""
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS identity "
+            "(producer_id TEXT NOT NULL, seq_reserved INTEGER NOT NULL)"
+        )
+        row = conn.execute("SELECT producer_id, seq_reserved FROM identity").fetchone()
+        ok = row is not None and isinstance(row[0], str) and isinstance(row[1], int)
+        self._db_identity = (row[0], row[1]) if ok else None
+        self._seq_above_rows = 0
+        if not ok or not self._state_trusted or row[0] != self.producer_id:
+            (above,) = conn.execute("SELECT coalesce(max(seq) + 1, 0) FROM records_all").fetchone()
+            self._seq_above_rows = int(above)
+
+    def _reconcile_identity(self) -> None:
+        """The producer id and seq reservation live twice: in ``state.json`` (which survives
+        a corrupt database moved aside) and in the database's ``identity`` table (which
+        survives a lost or damaged ``state.json``). Rows keep the id they were sent under:
+        when the two disagree and the spool holds rows, the database's id stands. The
+        reservation is the highest of both and of every seq a row holds, so a seq once
+        used is never used again under the same id."""
+        state_id, state_seq = self.producer_id, self.seq_reserved
+        reserved = max(state_seq, self._seq_above_rows)
+        db = self._db_identity
+        if db is not None:
+            db_id, db_seq = db
+            if db_id != state_id and (not self._state_trusted or self.count > 0):
+                if self._state_trusted:
+                    log.warning(
+                        "spool %s: state.json names producer %s, the database %s; "
+                        "its rows keep theirs",
+                        self.directory,
+                        state_id,
+                        db_id,
+                    )
+                self._state["producer_id"] = db_id
+                reserved = max(db_seq, self._seq_above_rows)
+            elif db_id == state_id:
+                reserved = max(reserved, db_seq)
+        elif not self._state_trusted and self.count:
+            log.error("spool %s: the producer id of its %d row(s) is lost; they are sent "
+                      "under the new id %s, whose seqs start above theirs",
+                      self.directory, self.count, state_id)  # fmt: skip
+        if db != (self.producer_id, reserved) or state_seq != reserved or not self._state_trusted:
+            self.reserve_seq(reserved)
 
     def _write_state(self) -> None:
         path = self.directory / STATE_NAME
@@ -603,7 +667,14 @@ class Spool:
         return value if isinstance(value, int) else 0
 
     def reserve_seq(self, upto: int) -> None:
-        """Persist that sequence numbers up to ``upto`` may be used."""
+        """Persist, in the database and in ``state.json``, that sequence numbers up to
+        ``upto`` may be used. Raises :class:`SpoolError` if either write fails: no seq of
+        the reservation may be used then."""
+        with self._transaction("seq reservation"):
+            self.conn.execute("DELETE FROM identity")
+            self.conn.execute(
+                "INSERT INTO identity VALUES (?, ?)", (self._state["producer_id"], upto)
+            )
         self._state["seq_reserved"] = upto
         try:
             self._write_state()

@@ -1,0 +1,213 @@
+"""What a careless caller or a damaged disk hands the producer never crashes the process,
+wedges delivery, or makes the dedupe drop records. Real broker; every record counted."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logsdk import LogProducer
+from logsdk.consumer import Record
+from logsdk.errors import ConfigError, SerializationError, SpoolError
+from logsdk.sinks import SQLiteSink
+from logsdk.spool import Spool
+from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
+from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import FAST
+
+pytestmark = pytest.mark.integration
+
+SURROGATE = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize(
+    "topic", ["bad topic!", "x" * 250, ".", "..", "", "t\x00", f"t{SURROGATE}", 5, None]
+)
+def test_a_topic_kafka_refuses_is_refused_by_the_constructor(tmp_path: Path, topic: Any) -> None:
+    """The default topic is checked by Kafka's rules before anything opens."""
+    with pytest.raises(ConfigError, match="topic"):
+        LogProducer("127.0.0.1:1", topic, tmp_path)
+    assert not (tmp_path / "LOCK").exists()
+
+
+def test_send_refuses_what_kafka_or_librdkafka_would_refuse_later(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Bad topics, header names, text with lone surrogates, NaN, a 5000-deep dict and
+    timestamp 0 raise a typed error naming the field, before acceptance; the good records
+    around them arrive, once, and the producer stays ONLINE."""
+    topic = fresh_topic(1)
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(5000):
+        node["a"] = {}
+        node = node["a"]
+    bad: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"topic": "bad topic!"}, ConfigError, "topic"),
+        ({"topic": "x" * 300}, ConfigError, "topic"),
+        ({"topic": "t\x00"}, ConfigError, "topic"),
+        ({"topic": ["t"]}, ConfigError, "topic"),
+        ({"headers": {SURROGATE: b"v"}}, SerializationError, "header name"),
+        ({"headers": {"a\x00b": b"v"}}, SerializationError, "header name"),
+        ({"headers": {"h": SURROGATE}}, SerializationError, "header"),
+        ({"key": SURROGATE}, SerializationError, "key"),
+        ({"timestamp": 0}, ConfigError, "timestamp"),
+        ({"timestamp": -5}, ConfigError, "timestamp"),
+        ({"timestamp": 1 << 63}, ConfigError, "timestamp"),
+    ]
+    values: list[tuple[Any, str]] = [
+        (SURROGATE, "value"),
+        ({"x": float("nan")}, "JSON"),
+        ({"x": float("inf")}, "JSON"),
+        (deep, "JSON"),
+    ]
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        p.send(b"first")
+        for kw, err, field in bad:
+            with pytest.raises(err, match=field):
+                p.send(b"bad", **kw)
+        for value, field in values:
+            with pytest.raises(SerializationError, match=field):
+                p.send(value)
+        p.send(bytearray(b"second"))
+
+        class Bytes(bytes):
+            pass
+
+        p.send(Bytes(b"third"))
+        p.send(b"fourth", timestamp=1)
+        assert p.flush(30) == 0
+        assert p.state.value == "ONLINE"
+        assert p.stats()["next_seq"] == 4
+    got = [m.value() for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    assert got == [b"first", b"second", b"third", b"fourth"]
+
+
+def test_a_header_name_with_a_lone_surrogate_never_crashes_the_process(tmp_path: Path) -> None:
+    """What used to end in SIGSEGV inside confluent-kafka's produce(): the child survives
+    and reports the typed error."""
+    code = textwrap.dedent(
+        f"""
+        from logsdk import LogProducer
+        from logsdk.errors import SerializationError
+        p = LogProducer("127.0.0.1:{free_port()}", "t", {str(tmp_path)!r})
+        name = b"caf\\xe9".decode("utf-8", "surrogateescape")
+        try:
+            p.send(b"x", headers={{name: b"v"}})
+        except SerializationError as exc:
+            print("refused:", type(exc).__name__)
+        p.close(0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "refused: SerializationError" in out.stdout
+
+
+def _plant(spool_dir: Path, rows: list[tuple[str, bytes]]) -> str:
+    """Write rows straight into a spool, as an older version or another program might."""
+    s = Spool(spool_dir).open()
+    try:
+        s.append([(t, None, v, None, 1_700_000_000_000, i) for i, (t, v) in enumerate(rows)])
+        return s.producer_id
+    finally:
+        s.close()
+
+
+def test_a_spooled_record_kafka_or_librdkafka_refuses_is_set_aside_and_replay_goes_on(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Rows whose topic Kafka refuses (a space) or librdkafka cannot take (a NUL) sit
+    between good rows in a spool: each bad row goes to the rejected table once, every good
+    row arrives exactly once, in order, and the producer ends ONLINE."""
+    topic = fresh_topic(1)
+    pid = _plant(
+        tmp_path,
+        [(topic, b"g0"), ("bad topic!", b"b1"), (topic, b"g2"), ("t\x00", b"b3"), (topic, b"g4")],
+    )
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path, **FAST) as p:
+        assert p.flush(30) == 0
+        s = p.stats()
+        assert s["state"] == "ONLINE"
+        assert s["rejected"] == 2
+        assert s["errors"].get("pump", 0) == 0
+    conn = sqlite3.connect(tmp_path / "spool.db")
+    try:
+        rejected = [r[0] for r in conn.execute("SELECT value FROM rejected ORDER BY seq")]
+    finally:
+        conn.close()
+    assert rejected == [b"b1", b"b3"]
+    got = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert [m.value() for m in got] == [b"g0", b"g2", b"g4"]
+    assert check_delivery(got).missing(pid, [0, 2, 4]) == []
+
+
+def test_losing_state_json_never_makes_the_dedupe_drop_new_records(
+    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
+) -> None:
+    """Kafka down, 5 records spooled; state.json deleted; the next producer replays them and
+    sends 5 new ones: a SQLiteSink deduping by (producer, seq) stores all 10."""
+    port = free_port()
+    p = LogProducer(f"127.0.0.1:{port}", "ids", tmp_path / "spool", **FAST)
+    for i in range(5):
+        p.send(b"old-%d" % i)
+    p.close(0)
+    (tmp_path / "spool" / "state.json").unlink()
+    broker = broker_factory(port=port)
+    create_topic(broker.bootstrap_servers, "ids", 1)
+    with LogProducer(broker.bootstrap_servers, "ids", tmp_path / "spool", **FAST) as p2:
+        for i in range(5):
+            p2.send(b"new-%d" % i)
+        assert p2.flush(30) == 0
+    msgs = read_topic(broker.bootstrap_servers, "ids")
+    pairs = {(dict(m.headers() or [])["logsdk.producer"], dict(m.headers() or [])["logsdk.seq"])
+             for m in msgs}  # fmt: skip
+    assert len(msgs) == 10
+    assert len(pairs) == 10
+    records = [
+        Record(m.topic() or "", m.partition() or 0, m.offset() or 0, m.key(), m.value(),
+               list(m.headers() or []), m.timestamp()[1])
+        for m in msgs
+    ]  # fmt: skip
+    with SQLiteSink(tmp_path / "sink.db", dedupe=True) as sink:
+        sink.process(records)
+        sink.commit({})
+        assert sink.count() == 10
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "{not json", "", "DIR"])
+def test_a_damaged_state_json_is_recovered_from_the_database(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path, content: str
+) -> None:
+    """state.json that is a list, garbage, empty or a directory: the producer opens, keeps
+    the producer id and seq reservation the database holds, and delivers."""
+    topic = fresh_topic(1)
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        p.send(b"a")
+        pid, next_seq = p.producer_id, p.stats()["next_seq"]
+    state = tmp_path / "state.json"
+    state.unlink()
+    if content == "DIR":
+        state.mkdir()
+    else:
+        state.write_text(content)
+    if content == "DIR":
+        with pytest.raises(SpoolError, match=r"state\.json"):
+            LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+        return
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p2:
+        assert p2.producer_id == pid
+        assert p2.stats()["next_seq"] >= next_seq
+        p2.send(b"b")
+        assert p2.flush(30) == 0
+    got = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert [m.value() for m in got] == [b"a", b"b"]
+    assert json.loads(state.read_text())["producer_id"] == pid
