@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from logsdk._types import ClientConfig
+from logsdk.errors import ConfigError
 
 log = logging.getLogger("logsdk.producer")
 rdlog = logging.getLogger("logsdk.librdkafka")
@@ -67,11 +68,22 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
 def new_producer(conf: ClientConfig, on_error: ErrorCallback) -> Producer:
-    """A librdkafka producer whose logs go to the ``logsdk.librdkafka`` logger."""
+    """A librdkafka producer whose logs go to the ``logsdk.librdkafka`` logger.
+
+    A property librdkafka refuses (a typo, a bad value) raises :class:`ConfigError`."""
     full: dict[str, Any] = dict(conf)
     full["error_cb"] = on_error
     full["logger"] = rdlog
-    return Producer(full)
+    try:
+        return Producer(full)
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError(f"kafka_config refused by librdkafka: {exc}") from exc
+
+
+def check_config(conf: ClientConfig) -> None:
+    """Raise :class:`ConfigError` now if librdkafka refuses ``conf`` (a client is built
+    and let go), rather than in the pump thread once a client is first needed."""
+    new_producer(conf, lambda err: None)
 
 
 def probe(conf: ClientConfig, topic: str, timeout: float) -> bool:

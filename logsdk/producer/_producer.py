@@ -320,6 +320,9 @@ class LogProducer:
         self._drains: list[LogProducer] = []
         self._drains_lock = threading.Lock()  # looking at slots: health thread, flush, close
         self._exit_timeout: float | None = None  # set by _close_at_exit()
+        # A kafka_config librdkafka refuses fails here, before the spool is opened, not in
+        # the pump once a client is needed (a spool with leftovers makes that one later).
+        _client.check_config(self.config.librdkafka())
         self._start()
         _LIVE.add(self)
 
@@ -328,6 +331,16 @@ class LogProducer:
         on (the constructor, and a forked child's first use of the producer)."""
         cfg = self.config
         self._slot, self._spool = self._open_spool()
+        try:
+            self._start_on_spool(cfg)
+        except BaseException:
+            # Nothing of it may stay held: a corrected retry in this process must work.
+            if getattr(self, "_shm", None) is not None:
+                self._shm.close(unlink=False)  # type: ignore[union-attr]
+            self._spool.close()
+            raise
+
+    def _start_on_spool(self, cfg: ProducerConfig) -> None:
         self.producer_id = self._spool.producer_id
         self._pid_bytes = self.producer_id.encode()
         self._pid_header = (HEADER_PRODUCER, self._pid_bytes)
@@ -349,13 +362,9 @@ class LogProducer:
         self._shm: ShmRing | None = None
         self._shm_pressure = False  # a sender waits for room in the ring
         if cfg.buffer == "shm":
-            try:
-                self._shm = open_for_producer(
-                    self._spool, slot_shm_name(cfg.shm_name, self._slot), cfg.shm_bytes
-                )
-            except BaseException:
-                self._spool.close()
-                raise
+            self._shm = open_for_producer(
+                self._spool, slot_shm_name(cfg.shm_name, self._slot), cfg.shm_bytes
+            )
         self._recovered_at_start = self._spool.count
 
         # -- guarded by _lock (send path and state flips) --

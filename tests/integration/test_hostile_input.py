@@ -211,3 +211,42 @@ def test_a_damaged_state_json_is_recovered_from_the_database(
     got = read_topic(kafka_broker.bootstrap_servers, topic)
     assert [m.value() for m in got] == [b"a", b"b"]
     assert json.loads(state.read_text())["producer_id"] == pid
+
+
+@pytest.mark.parametrize("leftovers", [False, True])
+def test_a_kafka_config_typo_is_a_config_error_and_leaves_nothing_locked(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path, leftovers: bool
+) -> None:
+    """A property librdkafka refuses raises ConfigError in the constructor (also when the
+    spool holds rows, which used to start the client later, in the pump), and the spool dir
+    is free again: the corrected call in the same process works."""
+    topic = fresh_topic(1)
+    if leftovers:
+        _plant(tmp_path, [(topic, b"left")])
+    with pytest.raises(ConfigError, match=r"linger\.mss"):
+        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path, kafka_config={"linger.mss": 5})
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        assert p.stats()["slot"] == 0
+        p.send(b"ok")
+        assert p.flush(30) == 0
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 1 + leftovers
+
+
+def test_no_secret_in_repr(tmp_path: Path) -> None:
+    """Every secret-bearing librdkafka property is hidden in the producer's repr."""
+    secrets = {
+        "sasl.password": "pw-1",
+        "sasl.oauthbearer.config": "clientSecret=pw-2",
+        "sasl.oauthbearer.client.secret": "pw-3",
+        "ssl.key.password": "pw-4",
+        "ssl.keystore.password": "pw-5",
+        "sasl.username": "user",
+    }
+    p = LogProducer(f"127.0.0.1:{free_port()}", "t", tmp_path, kafka_config=secrets)
+    try:
+        text = repr(p) + repr(p.config)
+    finally:
+        p.close(0)
+    for n in range(1, 6):
+        assert f"pw-{n}" not in text
+    assert "user" in text
