@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import struct
 import threading
 import time
@@ -258,6 +259,40 @@ def is_disk_full(exc: BaseException) -> bool:
     return code == sqlite3.SQLITE_FULL or "disk is full" in str(exc) or "No space" in str(exc)
 
 
+def check_private(path: Path, missing_ok: bool = False, *, directory: bool = False) -> None:
+    """Refuse a spool dir or file another user could have written: owned by someone else,
+    writable by group or others, or (a file inside) a symbolic link or not a regular file.
+    Records in it are sent to Kafka with this process's credentials. The spool dir itself
+    may be a symbolic link (to a volume): what it points to is checked."""
+    try:
+        st = os.stat(path) if directory else os.lstat(path)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise SpoolError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise SpoolError(f"cannot look at {path}: {exc}") from exc
+    if directory and not stat.S_ISDIR(st.st_mode):
+        raise SpoolError(f"spool dir {path} is not a directory")
+    if not directory and not stat.S_ISREG(st.st_mode):
+        raise SpoolError(
+            f"{path} is a symbolic link or not a regular file: logsdk never follows links "
+            "inside a spool dir; remove it"
+        )
+    if st.st_uid != os.geteuid():
+        raise SpoolError(
+            f"{path} is owned by uid {st.st_uid}, not by this process (uid {os.geteuid()}): "
+            "another user could have written the records it would send; use a directory "
+            "of your own (logsdk creates it, mode 0700)"
+        )
+    if st.st_mode & 0o022:
+        raise SpoolError(
+            f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+            f"another user could plant records in it; chmod go-w {path}, or let logsdk "
+            "create a directory of its own (mode 0700)"
+        )
+
+
 class Spool:
     """A durable FIFO of records for one producer directory.
 
@@ -309,6 +344,7 @@ class Spool:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # holds log data
         except OSError as exc:
             raise SpoolError(f"cannot create spool dir {self.directory}: {exc}") from exc
+        check_private(self.directory, directory=True)
         self._take_lock()
         try:
             try:
@@ -394,7 +430,10 @@ class Spool:
 
     def _take_lock(self) -> None:
         path = self.directory / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise SpoolError(f"cannot open the spool lock {path}: {exc}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -418,6 +457,8 @@ class Spool:
             self._lock_fd = None
 
     def _open_db(self) -> sqlite3.Connection:
+        for suffix in ("", "-wal", "-shm"):
+            check_private(Path(f"{self.db_path}{suffix}"), missing_ok=True)
         try:
             return self._connect_and_check()
         except sqlite3.DatabaseError as exc:
@@ -561,7 +602,9 @@ class Spool:
         path = self.directory / STATE_NAME
         self._state_trusted = False
         try:
-            state = json.loads(path.read_text())
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                state = json.loads(f.read())
             if not isinstance(state, dict) or not isinstance(state.get("producer_id"), str):
                 raise ValueError("no producer_id")
             if not isinstance(state.get("seq_reserved", 0), int):
@@ -571,6 +614,10 @@ class Spool:
             self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
             self._write_state()
         except (ValueError, UnicodeDecodeError, IsADirectoryError) as exc:
+            if path.is_symlink() or path.is_dir():
+                raise SpoolError(
+                    f"spool state {path} is a symbolic link or a directory: remove it"
+                ) from exc
             # The database keeps a copy of the identity (_reconcile_identity): this fresh one
             # stands only if it holds none.
             log.error("spool state %s unreadable (%s); taking the identity from the database",
@@ -642,7 +689,7 @@ class Spool:
         path = self.directory / STATE_NAME
         tmp = path.with_suffix(".tmp")
         data = json.dumps(self._state).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, data)
             os.fsync(fd)

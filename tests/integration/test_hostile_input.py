@@ -250,3 +250,28 @@ def test_no_secret_in_repr(tmp_path: Path) -> None:
     for n in range(1, 6):
         assert f"pw-{n}" not in text
     assert "user" in text
+
+
+@pytest.mark.parametrize("case", ["other_owner", "group_writable", "lock_link", "db_link"])
+def test_a_spool_dir_another_user_could_write_is_refused(tmp_path: Path, case: str) -> None:
+    """A spool dir owned by another user or writable by others, or a LOCK or spool.db that
+    is a symbolic link, is refused with SpoolError; the link's target is left untouched."""
+    import os
+
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    target = tmp_path / "victim.txt"
+    target.write_text("precious")
+    if case == "other_owner":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the directory to another uid")
+        os.chown(spool, 12345, 12345)
+    elif case == "group_writable":
+        spool.chmod(0o770)
+    elif case == "lock_link":
+        (spool / "LOCK").symlink_to(target)
+    else:
+        (spool / "spool.db").symlink_to(target)
+    with pytest.raises(SpoolError, match=r"uid|writable|symbolic link"):
+        LogProducer(f"127.0.0.1:{free_port()}", "t", spool)
+    assert target.read_text() == "precious"

@@ -391,7 +391,7 @@ def test_overflow_policies_count_every_record(
 def _tmpfs(path: Path, size: str) -> Iterator[Path]:
     path.mkdir()
     res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
