@@ -115,10 +115,24 @@ def _text(data: bytes | None) -> str | None:
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
+#: Control characters (C0 but tab, DEL, C1) shown as escapes: a record's text must never
+#: move the cursor, recolour the terminal or start a line that looks like another record.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), *range(127, 160)) if c != 9}
+_CONTROL[10] = "\\n"
+_CONTROL[13] = "\\r"
+
+
+def _safe(text: str) -> str:
+    return text.translate(_CONTROL)
+
+
 def _fmt_ts(ms: int | None) -> str:
     if ms is None or ms <= 0:
         return "-"
-    stamp = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+    try:
+        stamp = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+    except (OverflowError, ValueError, OSError):  # beyond what datetime can show
+        return f"{ms}ms"
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -132,7 +146,7 @@ def render(value: bytes | None, ts_ms: int | None, colour: bool) -> str:
         except ValueError:
             doc = None
     if not isinstance(doc, dict):
-        return f"{_fmt_ts(ts_ms)} {text}"
+        return f"{_fmt_ts(ts_ms)} {_safe(text)}"
     used: set[str] = set()
 
     def take(names: tuple[str, ...]) -> Any:
@@ -149,13 +163,15 @@ def render(value: bytes | None, ts_ms: int | None, colour: bool) -> str:
     logger = take(_LOGGER_FIELDS)
     message = take(_MESSAGE_FIELDS)
     level_text = str(level).upper() if level is not None else "-"
+    level_text = _safe(level_text)
     shown_level = f"{level_text:<7}"
     if colour:
         shown_level = f"{_COLOURS.get(level_text, '')}{shown_level}{_RESET}"
-    parts = [str(ts) if ts is not None else _fmt_ts(ts_ms), shown_level]
+    parts = [_safe(str(ts)) if ts is not None else _fmt_ts(ts_ms), shown_level]
     if logger is not None:
+        logger = _safe(str(logger))
         parts.append(f"{_DIM}{logger}:{_RESET}" if colour else f"{logger}:")
-    parts.append("" if message is None else str(message))
+    parts.append("" if message is None else _safe(str(message)))
     skip = used | set(_MULTILINE_FIELDS) | {"extra"}
     fields = {k: v for k, v in doc.items() if k not in skip}
     extra = doc.get("extra")  # KafkaHandler's and loguru's extra fields, shown inline
@@ -165,12 +181,13 @@ def render(value: bytes | None, ts_ms: int | None, colour: bool) -> str:
         fields["extra"] = extra
     for k, v in fields.items():
         shown = v if isinstance(v, str) and v and " " not in v else json.dumps(v, default=str)
+        k, shown = _safe(str(k)), _safe(shown)
         parts.append(f"{_DIM}{k}={shown}{_RESET}" if colour else f"{k}={shown}")
     line = " ".join(parts)
     for name in _MULTILINE_FIELDS:
         block = doc.get(name)
         if isinstance(block, str) and block.strip():
-            line += "\n" + "\n".join("    " + ln for ln in block.rstrip().splitlines())
+            line += "\n" + "\n".join("    " + _safe(ln) for ln in block.rstrip().splitlines())
     return line
 
 

@@ -129,3 +129,19 @@ def test_spool_status_and_export_read_a_closed_spool(
     assert main(["spool", "export", str(tmp_path), "--rejected"]) == 0
     (rejected,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (rejected["value"], rejected["error"]) == ("too big", "MSG_SIZE_TOO_LARGE")
+
+
+def test_tail_render_escapes_control_characters_and_survives_any_timestamp() -> None:
+    """A record's text cannot move the terminal or forge a line; a timestamp beyond what
+    datetime shows (send() accepts up to 2**63 - 1 ms) is printed raw, not raised."""
+    from logsdk._cli.tail import render
+
+    line = render(b"ok\x1b[2J\nFORGED INFO line\x9b", (1 << 63) - 1, colour=False)
+    assert "\n" not in line
+    assert "\x1b" not in line
+    assert "\x9b" not in line
+    assert line.startswith(f"{(1 << 63) - 1}ms ok\\x1b[2J\\nFORGED")
+    doc = render(b'{"message": "a\\u001bb", "logger": "x\\ny", "k": "v\\u0007"}', 1, colour=True)
+    assert "\x07" not in doc
+    assert "a\\x1bb" in doc
+    assert "x\\ny" in doc
