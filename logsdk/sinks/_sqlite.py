@@ -28,6 +28,7 @@ from logsdk.errors import ConfigError, FencedError, SinkError
 
 PRODUCER_HEADER = "logsdk.producer"
 SEQ_HEADER = "logsdk.seq"
+_INT64 = 1 << 63
 OFFSETS_TABLE = "logsdk_offsets"
 SEEN_TABLE = "logsdk_seen"
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -252,6 +253,8 @@ class SQLiteSink:
                         seq = int(v)
                     except (TypeError, ValueError):
                         seq = None
+                    if seq is not None and not -_INT64 <= seq < _INT64:
+                        seq = None  # no seq LogProducer writes, nor SQLite holds: no dedupe
             add_producer(producer)
             add_seq(seq)
         return producers, seqs

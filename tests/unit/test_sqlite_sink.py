@@ -237,3 +237,19 @@ def test_producer_and_seq_headers_last_of_a_name_wins(tmp_path: Path) -> None:
     with SQLiteSink(tmp_path / "s.db") as sink:
         producers, seqs = sink._header_columns([hs for hs, _ in cases])
     assert list(zip(producers, seqs, strict=True)) == [want for _, want in cases]
+
+
+def test_a_seq_header_beyond_int64_or_not_a_number_is_stored_without_dedupe(
+    tmp_path: Path,
+) -> None:
+    """A logsdk.seq header no LogProducer writes (beyond int64, not a number) cannot stop
+    the sink: the record is stored with no dedupe key, twice if sent twice."""
+    odd = [b"%d" % (1 << 64), b"12abc", b"-%d" % (1 << 70)]
+    records = [
+        Record("logs", 0, i, None, b"v%d" % i, [("logsdk.producer", b"p"), ("logsdk.seq", s)], 1)
+        for i, s in enumerate(odd + odd)
+    ]
+    with SQLiteSink(tmp_path / "s.db", dedupe=True) as sink:
+        sink.process(records)
+        sink.commit({})
+        assert sink.count() == 6
