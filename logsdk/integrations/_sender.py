@@ -88,7 +88,11 @@ class JsonSender:
         try:
             if self.static_fields:
                 doc.update(self.static_fields)
-            value = json.dumps(doc, default=str, ensure_ascii=False).encode()
+            # A lone surrogate (undecodable bytes of a file name or argv, surrogate-escaped
+            # by Python) becomes its JSON escape \udcXX, which decodes back to the same text.
+            value = json.dumps(doc, default=str, ensure_ascii=False).encode(
+                "utf-8", "backslashreplace"
+            )
             self.producer.send(value, key=key)
             return value
         except Exception:

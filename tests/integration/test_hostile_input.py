@@ -275,3 +275,28 @@ def test_a_spool_dir_another_user_could_write_is_refused(tmp_path: Path, case: s
     with pytest.raises(SpoolError, match=r"uid|writable|symbolic link"):
         LogProducer(f"127.0.0.1:{free_port()}", "t", spool)
     assert target.read_text() == "precious"
+
+
+def test_kafka_handler_delivers_a_line_holding_undecodable_bytes(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A log line about a file whose name is not UTF-8 (a lone surrogate in Python) is
+    delivered, not dropped; its JSON decodes back to the same text."""
+    import logging
+
+    from logsdk.integrations.logging import KafkaHandler
+
+    topic = fresh_topic(1)
+    handler = KafkaHandler(
+        bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic, spool_dir=tmp_path
+    )
+    log = logging.getLogger("hostile.surrogate")
+    log.addHandler(handler)
+    try:
+        log.warning("cannot open %s", f"/data/{SURROGATE}.txt")
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    assert handler.dropped == 0
+    (msg,) = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert json.loads(msg.value() or b"")["message"] == f"cannot open /data/{SURROGATE}.txt"
