@@ -86,6 +86,7 @@ MIN_CAPACITY = 64 * 1024
 SHM_DIR = Path("/dev/shm")
 
 _MASK = 0xA5A5_5A5A_C3C3_3C3C
+_POS_MAX = 1 << 62  # positions beyond it are refused (see _recover)
 _HDR = struct.Struct("<8sIIQIIQ32sH")
 _DIR_OFF = _HDR.size
 _DIR_MAX = 400
@@ -523,6 +524,14 @@ class ShmRing:
     def _recover(self, quiet: bool = False) -> None:
         head, tail = _slot(self._mm, _HEAD_OFF), _slot(self._mm, _TAIL_OFF)
         cap = self.capacity
+        if any(x is not None and x > _POS_MAX for x in (head, tail)):
+            # No ring gets there (2**62 bytes written); a crafted or damaged header does,
+            # and positions past it would overflow the u64 fields.
+            raise ShmError(
+                f"shared memory segment {self.name}: head/tail position out of range "
+                f"({head}, {tail}); the segment is damaged: remove it (logsdk shm remove "
+                f"{self.name})"
+            )
         if head is None:
             if not quiet:
                 log.error("shm %s: head index unreadable; scanning one full lap", self.name)

@@ -494,3 +494,25 @@ def test_a_crash_between_any_two_operations_resends_every_open_record(
         ring.close(unlink=True)
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_shared_memory(image)
+
+
+def test_a_crafted_head_near_2_64_is_refused_in_bounded_time(name: str, tmp_path: Path) -> None:
+    """A segment whose head and tail were set near 2**64 (crafted, or damaged) is refused
+    with ShmError by inspect() and attach(), never a struct.error or a scan of 2**64."""
+    from logsdk.shm._ring import _HEAD_OFF, _TAIL_OFF
+
+    ring = ShmRing.attach(name, 64 * 1024, "p" * 32, tmp_path)
+    for i in range(5):
+        ring.put(rec(i))
+    ring.close(unlink=False)
+    shm = posix_ipc.SharedMemory(name, 0)
+    try:
+        with mmap.mmap(shm.fd, HEADER_SIZE) as mm:
+            _publish_slot(mm, _HEAD_OFF, (1 << 64) - 5)
+            _publish_slot(mm, _TAIL_OFF, (1 << 64) - 100)
+    finally:
+        shm.close_fd()
+    with pytest.raises(ShmError, match="out of range"):
+        inspect(name)
+    with pytest.raises(ShmError, match="out of range"):
+        ShmRing.attach(name, 64 * 1024, "p" * 32, tmp_path)
