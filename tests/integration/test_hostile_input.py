@@ -300,3 +300,29 @@ def test_kafka_handler_delivers_a_line_holding_undecodable_bytes(
     assert handler.dropped == 0
     (msg,) = read_topic(kafka_broker.bootstrap_servers, topic)
     assert json.loads(msg.value() or b"")["message"] == f"cannot open /data/{SURROGATE}.txt"
+
+
+def test_two_threads_closing_at_once_both_return_after_delivery(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Two threads call close() at once (an app's shutdown hook and its atexit): the second
+    waits for the first, so when either returns every record is in Kafka."""
+    import threading
+
+    topic = fresh_topic(1)
+    p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    for i in range(20_000):
+        p.send(b"%d" % i)
+    counts: list[int] = []
+
+    def close() -> None:
+        p.close(30)
+        counts.append(p.stats()["acked"])
+
+    threads = [threading.Thread(target=close) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert counts == [20_000, 20_000]
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 20_000
