@@ -291,6 +291,7 @@ def test_kafka_handler_delivers_a_line_holding_undecodable_bytes(
         bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic, spool_dir=tmp_path
     )
     log = logging.getLogger("hostile.surrogate")
+    log.propagate = False  # pytest's own capture (and xdist's report) would choke on it
     log.addHandler(handler)
     try:
         log.warning("cannot open %s", f"/data/{SURROGATE}.txt")
