@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from logsdk._cli import bench, produce, spool, tail
 from logsdk._cli._common import UsageError
+from logsdk._version import __version__
 from logsdk.errors import LogSDKError
 from logsdk.placement import _cli as placement_cli
 from logsdk.shm import _cli as shm_cli
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"logsdk {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "broker",
