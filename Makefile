@@ -22,8 +22,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The full suite on the main Python (.venv): independent tests two at a time (xdist), the
+# fault tests (kills, pauses, cuts: timing matters) one at a time; then the unit and
+# integration suites on the other supported Pythons (noxfile.py).
 test: lint typecheck
-	$(VENV)/bin/pytest
+	@echo "== Python $$($(PY) -c 'import platform; print(platform.python_version())') (.venv): full suite, fault tests apart"
+	$(VENV)/bin/pytest -n 2 -m "not fault"
+	$(VENV)/bin/pytest -m fault
+	@echo "== Pythons 3.10, 3.12, 3.13 (nox): unit and integration suites"
+	$(VENV)/bin/nox
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest tests/unit
