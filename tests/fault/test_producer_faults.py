@@ -249,7 +249,7 @@ def test_client_retired_while_owing_reports_loses_nothing(
     assert rep.missing(p.producer_id, range(n)) == []
     assert rep.unique == n
     # Order is not asserted: a retired client's late failures are spooled after records
-    # sent later (README, "Failure modes").
+    # sent later (docs/guarantees.md, "Failure modes").
 
 
 def test_slow_replay_acknowledgements_are_not_a_stall(
