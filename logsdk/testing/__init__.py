@@ -12,6 +12,9 @@ Users' own integration tests can use them too::
         broker.heal()
         broker.drop_produce_as_duplicate()  # the next batch is lost, yet "acked"
 
+:class:`MockCluster` is a second, independent Kafka implementation (librdkafka's mock
+cluster): several brokers and commit metadata kept, but no kill, restart or network cut.
+
 The pytest fixtures (``kafka_broker``, ``fresh_topic``, ``broker_factory``) are
 in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
 """
@@ -19,10 +22,12 @@ in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
 from logsdk.testing._admin import create_topic, delete_topic, read_topic
 from logsdk.testing._broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
 from logsdk.testing._check import DeliveryReport, check_delivery, identity
+from logsdk.testing._mock import MockCluster
 
 __all__ = [
     "DeliveryReport",
     "EmbeddedBroker",
+    "MockCluster",
     "check_delivery",
     "create_topic",
     "delete_topic",

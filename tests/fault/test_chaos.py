@@ -29,7 +29,7 @@ def test_chaos_60s_seed_1_loses_nothing() -> None:
     assert verdict["missing"] == 0, why
     assert verdict["duplicates"] == 0, why
     # Records resent because the broker answered "duplicate sequence" for a batch it never
-    # stored land after later ones (docs/engineering/chaos.md): counted apart. Any other is a failure.
+    # stored land after later ones (docs/engineering/chaos.md): counted apart; any other fails.
     other = verdict["order_violations"] - verdict["order_violations_after_unconfirmed"]
     assert other == 0, why
     assert verdict["verdict"] == "ok", why

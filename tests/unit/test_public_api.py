@@ -32,6 +32,7 @@ def test_testing_exports() -> None:
         [
             "DeliveryReport",
             "EmbeddedBroker",
+            "MockCluster",
             "check_delivery",
             "create_topic",
             "delete_topic",
