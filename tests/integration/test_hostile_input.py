@@ -327,3 +327,57 @@ def test_two_threads_closing_at_once_both_return_after_delivery(
         t.join(60)
     assert counts == [20_000, 20_000]
     assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 20_000
+
+
+def test_a_failed_seq_reservation_refuses_the_send_and_never_reuses_a_seq(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seqs are reserved on disk 10 at a time here; the reservation at the block boundary
+    fails once (a full disk): that send() raises SpoolError, nothing is advanced, and the
+    next producer on the dir starts above every seq used, so no seq names two records."""
+    from logsdk.producer import _producer as producer_module
+
+    monkeypatch.setattr(producer_module, "_SEQ_BLOCK", 10)
+    topic = fresh_topic(1)
+    real = Spool.reserve_seq
+    fail = {"once": True}
+
+    def full_disk(self: Spool, upto: int) -> None:
+        if upto == 20 and fail["once"]:
+            fail["once"] = False
+            raise SpoolError("injected: [Errno 28] No space left on device")
+        real(self, upto)
+
+    monkeypatch.setattr(Spool, "reserve_seq", full_disk)
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        for i in range(10):
+            p.send(b"a%d" % i)
+        with pytest.raises(SpoolError):
+            p.send(b"refused")
+        assert p.stats()["next_seq"] == 10
+        p.send(b"b10")  # the reservation is retried, and succeeds
+        assert p.flush(30) == 0
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p2:
+        assert p2.stats()["next_seq"] >= 20
+        p2.send(b"c")
+        assert p2.flush(30) == 0
+    msgs = read_topic(kafka_broker.bootstrap_servers, topic)
+    seqs = [dict(m.headers() or [])["logsdk.seq"] for m in msgs]
+    assert len(msgs) == 12
+    assert len(set(seqs)) == 12
+
+
+def test_cli_kafka_config_typo_is_a_clear_error(tmp_path: Path) -> None:
+    """`logsdk produce -X` with a property librdkafka does not know: a one-line error naming
+    it, exit status 1, no traceback."""
+    out = subprocess.run(
+        [sys.executable, "-m", "logsdk.cli", "produce", "-t", "t", "-b", "127.0.0.1:1",
+         "--spool-dir", str(tmp_path / "s"), "-X", "linger.mss=5"],
+        input="", capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "linger.mss" in out.stderr
+    assert "Traceback" not in out.stderr
