@@ -22,9 +22,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The full suite on the main Python (.venv): independent tests two at a time (xdist), the
-# fault tests (kills, pauses, cuts: timing matters) one at a time; then the unit and
-# integration suites on the other supported Pythons (noxfile.py).
+# The full suite on the main Python (.venv), two tests at a time (xdist; each starts its
+# own brokers on free ports): the fault tests (kills, pauses, cuts) in a run of their own,
+# apart from the CPU-heavy rest; then the unit and integration suites on the other
+# supported Pythons (noxfile.py).
 # The documentation site (docs/, mkdocs.yml): a broken link, a missing page or a setting
 # the configuration reference does not describe fails the build.
 docs: $(STAMP)
@@ -33,7 +34,7 @@ docs: $(STAMP)
 test: lint typecheck docs
 	@echo "== Python $$($(PY) -c 'import platform; print(platform.python_version())') (.venv): full suite, fault tests apart"
 	$(VENV)/bin/pytest -n 2 -m "not fault"
-	$(VENV)/bin/pytest -m fault
+	$(VENV)/bin/pytest -n 2 -m fault
 	@echo "== Pythons 3.10, 3.12, 3.13 (nox): unit and integration suites"
 	$(VENV)/bin/nox
 
