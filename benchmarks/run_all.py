@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["producer", "consumer", "spark", "placement"]
+ORDER = ["producer", "consumer", "handler", "spark", "placement"]
 
 
 def scripts() -> list[Path]:

@@ -62,6 +62,14 @@ def test_consumer_and_placement_benchmarks_print_their_figures() -> None:
     assert any(r["name"].startswith("placement.kafka.") for r in placement)
 
 
+def test_handler_benchmark_prints_its_figures() -> None:
+    results = run_benchmark("handler.py", "--records", "500", "--rounds", "1")
+    assert {r["name"] for r in results} == {
+        "handler.logging_us_per_call",
+        "handler.null_us_per_call",
+    }
+
+
 @pytest.mark.spark
 def test_spark_benchmark_prints_every_figure() -> None:
     names = {

@@ -1,0 +1,128 @@
+"""What logging through logsdk costs the application, per ``logging`` call.
+
+- handler.logging_us_per_call: µs of one ``log.info("request %d done in %s ms", i, 12.5,
+  extra={"rid": i})`` with a KafkaHandler (owned producer, embedded broker up), against
+  python-json-logger's JsonFormatter on a StreamHandler writing to /dev/null with the same
+  fields (timestamp, level, logger, message, host, pid, thread, rid), in the same run.
+  Lower is better: the ratio is KafkaHandler / JSON handler (goal <= 1.3).
+- handler.null_us_per_call (information): the same call with a NullHandler.
+
+The clock is the caller's thread only (what the application waits), over ``--records``
+calls a round; the KafkaHandler's producer is flushed between rounds, outside the clock.
+Median of ``--rounds`` alternating rounds. ``--json``: the last line is
+``{"results": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from pythonjsonlogger.json import JsonFormatter
+
+from logsdk.integrations.logging import KafkaHandler
+from logsdk.testing import EmbeddedBroker, create_topic
+
+
+def _calls(log: logging.Logger, n: int) -> float:
+    """µs per call of n logging calls (the caller's wall clock)."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        log.info("request %d done in %s ms", i, 12.5, extra={"rid": i})
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _logger(name: str, handler: logging.Handler) -> logging.Logger:
+    log = logging.getLogger(name)
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    return log
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=20_000, help="logging calls a round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    devnull = open(os.devnull, "w")  # noqa: SIM115  # closed at the end
+    json_handler = logging.StreamHandler(devnull)
+    host = socket.gethostname()
+    json_handler.setFormatter(
+        JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s %(process)d %(threadName)s",
+            rename_fields={"asctime": "timestamp", "levelname": "level", "name": "logger",
+                           "process": "pid", "threadName": "thread"},
+            static_fields={"host": host},
+        )
+    )  # fmt: skip
+    kafka_ms: list[float] = []
+    json_ms: list[float] = []
+    null_ms: list[float] = []
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as d:
+        create_topic(broker.bootstrap_servers, "handler-bench", 4)
+        kafka = KafkaHandler(
+            bootstrap_servers=broker.bootstrap_servers, topic="handler-bench", spool_dir=d
+        )
+        k_log = _logger("bench.kafka", kafka)
+        j_log = _logger("bench.json", json_handler)
+        n_log = _logger("bench.null", logging.NullHandler())
+        k_log.info("warm-up")  # the producer's client started before the clock
+        if kafka.producer.flush(60):
+            raise RuntimeError("warm-up record not delivered")
+        for _ in range(args.rounds):
+            kafka_ms.append(_calls(k_log, args.records))
+            if kafka.producer.flush(120):
+                raise RuntimeError("records not delivered")
+            json_ms.append(_calls(j_log, args.records))
+            null_ms.append(_calls(n_log, args.records))
+        dropped = kafka.dropped
+        kafka.close()
+    devnull.close()
+    k, j, n = (statistics.median(x) for x in (kafka_ms, json_ms, null_ms))
+    params = {"records": args.records, "rounds": args.rounds, "dropped": dropped,
+              "kafka_rounds_us": [round(x, 2) for x in kafka_ms],
+              "json_rounds_us": [round(x, 2) for x in json_ms]}  # fmt: skip
+    results: list[dict[str, Any]] = [
+        {
+            "name": "handler.logging_us_per_call",
+            "unit": "µs/call",
+            "value": round(k, 2),
+            "baseline": "python-json-logger JsonFormatter on a StreamHandler to /dev/null, "
+            "same fields",
+            "baseline_value": round(j, 2),
+            "ratio": round(k / j, 3),
+            "goal": 1.3,
+            "params": params,
+        },
+        {
+            "name": "handler.null_us_per_call",
+            "unit": "µs/call",
+            "value": round(n, 2),
+            "baseline": None,
+            "baseline_value": None,
+            "ratio": None,
+            "goal": None,
+            "params": {"records": args.records, "rounds": args.rounds},
+        },
+    ]
+    for r in results:
+        ratio = "" if r["ratio"] is None else f"  ratio {r['ratio']} (goal <= {r['goal']})"
+        base = "" if r["baseline_value"] is None else f" vs {r['baseline_value']} µs"
+        print(f"{r['name']}: {r['value']} µs{base}{ratio}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
