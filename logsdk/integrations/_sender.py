@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import socket
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from logsdk.errors import ConfigError
 from logsdk.producer import LogProducer
+from logsdk.producer._config import check_seconds
 
 
 def utc_now_iso() -> str:
@@ -45,14 +44,7 @@ class JsonSender:
         producer_kwargs: dict[str, Any],
         close_timeout: float = 5.0,
     ) -> None:
-        if (
-            isinstance(close_timeout, bool)
-            or not isinstance(close_timeout, (int, float))
-            or not math.isfinite(close_timeout)
-            or close_timeout < 0
-        ):
-            raise ConfigError(f"close_timeout must be seconds >= 0, got {close_timeout!r}")
-        self.close_timeout = float(close_timeout)
+        self.close_timeout = check_seconds(close_timeout, "close_timeout")
         if producer is None:
             producer_kwargs.setdefault("max_block_s", max_block_s)
             producer = LogProducer(**producer_kwargs)

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from logsdk.errors import ConfigError
 from logsdk.integrations._sender import JsonSender
 from logsdk.producer import LogProducer
+from logsdk.producer._config import check_seconds
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -76,13 +76,7 @@ class KafkaHandler(logging.Handler):
         **producer_kwargs: Any,
     ) -> None:
         super().__init__(level)
-        if (
-            isinstance(flush_timeout, bool)
-            or not isinstance(flush_timeout, (int, float))
-            or not flush_timeout >= 0
-        ):
-            raise ConfigError(f"flush_timeout must be seconds >= 0, got {flush_timeout!r}")
-        self.flush_timeout = float(flush_timeout)
+        self.flush_timeout = check_seconds(flush_timeout, "flush_timeout")
         # Owning or borrowing the producer, JSON, the re-entrancy guard and the drop
         # count are the same for every adapter: JsonSender does them.
         self._sender = JsonSender(

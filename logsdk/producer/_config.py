@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -32,6 +33,18 @@ def check_topic(topic: object, what: str = "topic") -> str:
             "from A-Z a-z 0-9 . _ - (and not '.' or '..')"
         )
     return topic
+
+
+def check_seconds(value: object, name: str) -> float:
+    """``value`` as float seconds if it is a finite number >= 0, else :class:`ConfigError`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(f"{name} must be seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def is_secret(name: str) -> bool:

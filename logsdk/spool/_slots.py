@@ -75,7 +75,7 @@ def is_free(path: Path) -> bool:
     """True when no live producer holds the slot at ``path`` (a moment's answer: the
     caller must still expect :class:`SpoolLockedError` when it opens the slot)."""
     try:
-        fd = os.open(path / LOCK_NAME, os.O_RDWR)
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW)
     except FileNotFoundError:
         return True
     except OSError:

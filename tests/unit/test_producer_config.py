@@ -75,3 +75,13 @@ def test_secrets_hidden_from_repr(tmp_path: Path, caplog: pytest.LogCaptureFixtu
         logging.getLogger("x").info("config %r", cfg)
     assert "hunter2" not in caplog.text
     assert cfg.probe_config()["sasl.password"] == "hunter2"  # still used, just not shown
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "5", None])
+@pytest.mark.parametrize("name", ["close_timeout", "flush_timeout"])
+def test_handler_timeouts_must_be_finite_seconds(name: str, bad: object) -> None:
+    """Refused before any producer is made: a clear error, not a hang at exit."""
+    from logsdk.integrations.logging import KafkaHandler
+
+    with pytest.raises(ConfigError, match=f"{name} must be seconds >= 0"):
+        KafkaHandler(**{name: bad})
