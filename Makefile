@@ -31,12 +31,14 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir .site
 
+# Each stage has a deadline (coreutils timeout) well past its usual time, so that a stage
+# stuck outside any test (pytest-timeout covers each test) fails CI with its name.
 test: lint typecheck docs
 	@echo "== Python $$($(PY) -c 'import platform; print(platform.python_version())') (.venv): full suite, fault tests apart"
-	$(VENV)/bin/pytest -n 2 -m "not fault"
-	$(VENV)/bin/pytest -n 2 -m fault
+	timeout -k 30 20m $(VENV)/bin/pytest -n 2 -m "not fault"
+	timeout -k 30 15m $(VENV)/bin/pytest -n 2 -m fault
 	@echo "== Pythons 3.10, 3.12, 3.13 (nox): unit and integration suites"
-	$(VENV)/bin/nox
+	timeout -k 30 30m $(VENV)/bin/nox
 
 unit: $(STAMP)
 	$(VENV)/bin/pytest tests/unit

@@ -147,7 +147,7 @@ def trace_deliveries(p: Any, write: Callable[[str], object]) -> None:
     Install it right after the producer is built: the reports of a replay its pump began
     in the meantime (a spool left by a previous process) may be missing.
     """
-    from logsdk.producer._producer import _seq_of
+    from logsdk.producer._records import _seq_of
 
     def line(seq: int, err: Any, msg: Any) -> None:
         code = 0 if err is None else err.code()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from logsdk import LogProducer, State
-from logsdk.producer import _producer as producer_module
+from logsdk.producer import _health
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 from tests.conftest import FAST
@@ -136,7 +136,7 @@ def test_flush_probes_at_once_instead_of_waiting_for_the_backoff(
     """The health thread's pause after a failed probe set to 20 s (x0.5-1.5 jitter): a
     degraded producer would notice Kafka is back 10-30 s later. flush() probes now, and
     delivers within a few seconds of the broker's start."""
-    monkeypatch.setattr(producer_module, "_BACKOFF_START_S", 20.0)
+    monkeypatch.setattr(_health, "_BACKOFF_START_S", 20.0)
     port = free_port()
     slow = {**FAST, "probe_backoff_max_s": 60.0}
     p = LogProducer(f"127.0.0.1:{port}", "backoff", tmp_path, **slow)

@@ -29,7 +29,7 @@ import pytest
 
 from logsdk import LogProducer, State
 from logsdk.integrations.logging import KafkaHandler
-from logsdk.producer import _producer as producer_module
+from logsdk.producer import _inflight
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 from logsdk.testing.pytest_plugin import KafkaTarget
@@ -213,7 +213,7 @@ def test_client_retired_while_owing_reports_loses_nothing(
     and polled (a retired client), not dropped: the records it reports later are
     spooled and delivered, and the client is let go once it owes none. The wait is set
     to 0 here so that every degrade retires its client that way."""
-    monkeypatch.setattr(producer_module, "_PURGE_WAIT_S", 0.0)
+    monkeypatch.setattr(_inflight, "_PURGE_WAIT_S", 0.0)
     broker = broker_factory(durable=True)
     topic = create_topic(broker.bootstrap_servers, "retired", 3)
     n = 20_000

@@ -338,9 +338,9 @@ def test_a_failed_seq_reservation_refuses_the_send_and_never_reuses_a_seq(
     """Seqs are reserved on disk 10 at a time here; the reservation at the block boundary
     fails once (a full disk): that send() raises SpoolError, nothing is advanced, and the
     next producer on the dir starts above every seq used, so no seq names two records."""
-    from logsdk.producer import _producer as producer_module
+    from logsdk.producer import _identity
 
-    monkeypatch.setattr(producer_module, "_SEQ_BLOCK", 10)
+    monkeypatch.setattr(_identity, "_SEQ_BLOCK", 10)
     topic = fresh_topic(1)
     real = Spool.reserve_seq
     fail = {"once": True}

@@ -1,0 +1,213 @@
+"""A producer among processes: fork, the slots of ``spool_dir``, exit.
+
+Invariants owned here:
+- a producer used in a forked child starts afresh there at its first use (its own slot,
+  producer id, seqs, spool, ring, client and threads); what it inherited from the parent
+  (a client whose threads did not survive the fork, the parent's SQLite connections,
+  lock and ring) is never used, closed or freed in the child (``_bury``): the parent's
+  records stay the parent's;
+- every live process holds its own slot of ``spool_dir``; a free slot that still holds
+  records (its process died, was recycled, or closed before Kafka took everything) is
+  delivered by a drain producer on that slot, under the slot's own producer id and seqs,
+  and flush()/close() of the producer that started it wait for it;
+- a producer an adapter owns is closed when its process leaves, at interpreter exit and
+  at the end of a multiprocessing or billiard (Celery) child, which leaves through
+  ``os._exit`` after running its ``Finalize`` callbacks only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from logsdk.errors import LogSDKError, SpoolLockedError
+from logsdk.producer._core import State
+from logsdk.producer._pump import _Pump
+from logsdk.shm._ring import inspect, segment_name
+from logsdk.spool._slots import orphans, slot_path, slot_shm_name, spooled_records
+
+if TYPE_CHECKING:
+    from logsdk.producer._producer import LogProducer
+
+log = logging.getLogger("logsdk.producer")
+
+#: Every producer not yet closed, so a forked child can mark the ones it inherited.
+_LIVE: weakref.WeakSet[_Processes] = weakref.WeakSet()
+#: What a forked child inherited from a producer of its parent: the librdkafka client
+#: (its threads did not survive the fork: any call, its destructor included, can hang),
+#: the spool's SQLite connections and lock (closing them could disturb the parent's
+#: files), the shm mapping. Never used again, never freed, even at interpreter exit.
+_GRAVE: list[object] = []
+#: Producers closed when the process leaves, with the timeout each delivers within.
+_AT_EXIT: weakref.WeakKeyDictionary[LogProducer, float] = weakref.WeakKeyDictionary()
+#: The pid in which a Finalize callback is registered, per pool module (a Finalize only
+#: runs in the process that registered it); and whether atexit has the hook (a forked
+#: child inherits it).
+_pool_hooked: dict[str, int] = {}
+_atexit_hooked = False
+
+
+def _bury(obj: object) -> None:
+    """Keep ``obj`` alive for the life of the process, finalisation included."""
+    if obj is None:
+        return
+    _GRAVE.append(obj)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def _after_fork_in_child() -> None:
+    for p in list(_LIVE):
+        p._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_all_at_exit() -> None:
+    for p, timeout in list(_AT_EXIT.items()):
+        try:
+            p.close(timeout)
+        except Exception:  # the others are closed all the same
+            log.exception("logsdk: closing a producer at exit failed")
+
+
+def _hook_pool_exit() -> None:
+    """Have multiprocessing's and billiard's exit run ``_close_all_at_exit`` in this
+    process (their children leave through ``os._exit``: no atexit)."""
+    pid = os.getpid()
+    for name in ("multiprocessing.util", "billiard.util"):
+        finalize = getattr(sys.modules.get(name), "Finalize", None)
+        if finalize is not None and _pool_hooked.get(name) != pid:
+            _pool_hooked[name] = pid
+            finalize(None, _close_all_at_exit, exitpriority=10)
+
+
+class _Processes(_Pump):
+    """Fork, slots left by other processes, exit (a part of :class:`LogProducer`)."""
+
+    def _init_processes(self) -> None:
+        self._stale = False
+        self._restart_lock = threading.Lock()
+        self._drains = []
+        self._drains_lock = threading.Lock()
+
+    def _forked(self) -> None:
+        """In a child just forked (one thread runs): all this producer runs on is the
+        parent's. Buried now, so that dropping the producer can never free them; its first
+        use in the child starts afresh (``_restart_in_child``)."""
+        for obj in (self._client, self._spool, self._shm, *(z for z, _ in self._zombies)):
+            _bury(obj)
+        for d in self._drains:
+            _bury(d)
+        self._stale = True
+        # The parent's locks may have been held by one of its threads at the fork.
+        self._restart_lock = threading.Lock()
+        self._drains_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._closed = threading.Event()
+
+    def _restart_in_child(self) -> None:
+        """First use in a forked child: start as a new producer on the same configuration,
+        with a slot of its own (producer id, seqs, spool, shm ring), a client and threads.
+        The parent's records stay the parent's: the child sends none of them."""
+        with self._restart_lock:
+            if not self._stale:
+                return
+            self._drains = []
+            self._close_deadline = None
+            self._start()
+            self._stale = False
+            if self in _AT_EXIT:
+                _hook_pool_exit()
+        log.info(
+            "logsdk producer started afresh in forked process %d: slot %d, producer id %s",
+            os.getpid(),
+            self._slot,
+            self.producer_id,
+        )
+
+    def _close_stale(self) -> bool:
+        """close() in a forked child that never used this producer: nothing of this
+        process to deliver, and what it inherited is the parent's. True if it did that."""
+        with self._restart_lock:
+            if not self._stale:
+                return False
+            self._stale = False
+            self._closing = True
+            self._drains = []
+            self._state = State.CLOSED
+            _LIVE.discard(self)
+            self._closed.set()
+            return True
+
+    def _close_at_exit(self, timeout: float) -> None:
+        """Close this producer (delivering for at most ``timeout`` seconds) when the process
+        leaves: at interpreter exit, and at the end of a process that multiprocessing or
+        billiard (Celery's pool) started. Hooked again in a forked child at its first use."""
+        global _atexit_hooked
+        _AT_EXIT[cast("LogProducer", self)] = timeout
+        if not _atexit_hooked:
+            _atexit_hooked = True
+            atexit.register(_close_all_at_exit)
+        _hook_pool_exit()
+
+    def _scan_slots(self) -> None:
+        """Close the drains that are done; start one for each free slot with records."""
+        with self._drains_lock:
+            self._collect_drains()
+            self._drain_orphans()
+
+    def _drain_orphans(self) -> None:
+        """Deliver what the free slots of ``spool_dir`` hold (their producers died, were
+        recycled, or closed before Kafka took everything). Each such slot is drained by a
+        producer of its own on that slot, under the slot's producer id and seqs; this
+        producer's flush() and close() wait for them, and it closes them once they are
+        done (``_collect_drains``)."""
+        from logsdk.producer._producer import _SlotDrain
+
+        cfg = self.config
+        for index in orphans(cfg.spool_dir, self._slot):
+            path = slot_path(cfg.spool_dir, index)
+            if not self._holds_records(index, path):
+                continue
+            try:
+                drain = _SlotDrain(cfg, index, path)
+            except SpoolLockedError:
+                continue  # another process took the slot meanwhile
+            except LogSDKError as exc:
+                self._errors["slot_drain"] += 1
+                log.warning("spool slot %s left by another process not drained: %s", path, exc)
+                continue
+            log.info(
+                "spool slot %s: %d record(s) left by another process; delivering them",
+                path,
+                drain._not_in_kafka(),
+            )
+            self._drains = [*self._drains, drain]
+
+    def _holds_records(self, index: int, path: Path) -> bool:
+        if spooled_records(path) > 0:
+            return True
+        if self.config.buffer != "shm":
+            return False
+        try:
+            seg = segment_name(slot_shm_name(self.config.shm_name, index), path)
+            return inspect(seg).pending > 0
+        except LogSDKError:
+            return False  # no segment (or not readable): nothing to resend from it
+
+    def _collect_drains(self) -> None:
+        """Close the drains that delivered everything."""
+        done = [d for d in self._drains if d._not_in_kafka() == 0]
+        if done:
+            self._drains = [d for d in self._drains if d not in done]
+            for d in done:
+                d.close(0)
