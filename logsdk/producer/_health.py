@@ -27,6 +27,10 @@ from logsdk.producer._process import _Processes
 
 log = logging.getLogger("logsdk.producer")
 
+# The backoff's jitter comes from os.urandom: the health thread must not draw from the
+# application's global `random` state behind its back, and forked workers must not share
+# one sequence (a private random.Random would be copied by fork: a herd again).
+_JITTER = random.SystemRandom()
 _SLOT_SCAN_S = 10.0  # how often free slots of spool_dir are looked at for leftovers
 _BACKOFF_START_S = 0.1  # the health thread's first pause after a failed probe (doubles)
 
@@ -92,7 +96,7 @@ class _Health(_Processes):
                     self._stop.wait(0.1)
                 else:
                     good = 0
-                    delay = backoff * (0.5 + random.random())  # jitter: no thundering herd
+                    delay = backoff * (0.5 + _JITTER.random())  # jitter: no thundering herd
                     backoff = min(backoff * 2, cfg.probe_backoff_max_s)
                     if self._urgent:
                         # flush() or close() waits for Kafka: probe again now. (A probe

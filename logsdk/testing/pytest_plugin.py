@@ -31,8 +31,9 @@ import pytest
 from logsdk._types import ClientConfig
 from logsdk.testing._admin import create_topic
 from logsdk.testing._broker import EmbeddedBroker
+from logsdk.testing._mock import MockCluster
 
-BrokerKind = Literal["external", "container", "embedded"]
+BrokerKind = Literal["external", "container", "embedded", "mock"]
 
 ENV_BOOTSTRAP = "LOGSDK_TEST_BOOTSTRAP"
 ENV_BROKER = "LOGSDK_TEST_BROKER"
@@ -42,6 +43,8 @@ MARKERS = {
     "fault": "kills, pauses or cuts off the broker; needs an embedded broker",
     "slow": "takes more than a few seconds",
     "spark": "needs pyspark and Java",
+    "each_broker": "runs on the session's broker and on librdkafka's mock cluster (use the "
+    "'kafka' fixture)",
 }
 
 
@@ -97,6 +100,7 @@ class KafkaTarget:
     bootstrap_servers: str
     kind: BrokerKind
     embedded: EmbeddedBroker | None = None
+    mock: MockCluster | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @property
@@ -110,10 +114,14 @@ class KafkaTarget:
         """Client settings for this cluster (see :meth:`EmbeddedBroker.client_config`)."""
         if self.embedded is not None:
             return self.embedded.client_config(role)
+        if self.mock is not None:
+            return self.mock.client_config(role)
         return {"bootstrap.servers": self.bootstrap_servers}
 
     def create_topic(self, name: str, partitions: int = 3, **kw: Any) -> str:
         """Create a topic and wait until all its partitions have a leader."""
+        if self.mock is not None:
+            return self.mock.create_topic(name, partitions, **kw)
         return create_topic(self.bootstrap_servers, name, partitions, **kw)
 
     def close(self) -> None:
@@ -127,6 +135,11 @@ class KafkaTarget:
 def open_target(kind: BrokerKind | None = None) -> KafkaTarget:
     """Start (or point at) the broker for ``kind``; the caller must ``close()`` it."""
     kind = kind or choose_broker_kind()
+    if kind == "mock":
+        mock = MockCluster(brokers=3).start()
+        target = KafkaTarget(mock.bootstrap_servers, "mock", mock=mock)
+        target._closers.append(mock.stop)
+        return target
     if kind == "external":
         return KafkaTarget(os.environ[ENV_BOOTSTRAP].strip(), "external")
     if kind == "container":
@@ -148,6 +161,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("each_broker") is None:
+        return
+    if "kafka_broker" in metafunc.fixturenames and "kafka" not in metafunc.fixturenames:
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid} is marked each_broker: ask for the 'kafka' "
+            "fixture (the cluster of this run), not 'kafka_broker'"
+        )
+    if "kafka" in metafunc.fixturenames:
+        metafunc.parametrize("kafka", ["broker", "mock"], indirect=True)
+
+
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[KafkaTarget]:
     """The session's Kafka cluster (external, container or embedded)."""
@@ -158,17 +183,39 @@ def kafka_broker() -> Iterator[KafkaTarget]:
         target.close()
 
 
+@pytest.fixture(scope="session")
+def mock_cluster() -> Iterator[KafkaTarget]:
+    """librdkafka's mock cluster, 3 brokers (see :class:`~logsdk.testing.MockCluster`)."""
+    target = open_target("mock")
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def kafka(request: pytest.FixtureRequest) -> KafkaTarget:
+    """The cluster of this run: ``kafka_broker``, or ``mock_cluster`` in the ``[mock]``
+    run of a test marked ``each_broker``."""
+    kind = getattr(request, "param", "broker")
+    target: KafkaTarget = request.getfixturevalue(
+        "mock_cluster" if kind == "mock" else "kafka_broker"
+    )
+    return target
+
+
 def _topic_name(node_name: str) -> str:
     base = re.sub(r"[^A-Za-z0-9._-]+", "-", node_name).strip("-")[:40]
     return f"t-{base}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
-def fresh_topic(kafka_broker: KafkaTarget, request: pytest.FixtureRequest) -> Callable[..., str]:
-    """Factory: ``fresh_topic(partitions=3, **kw)`` creates a uniquely named topic."""
+def fresh_topic(kafka: KafkaTarget, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Factory: ``fresh_topic(partitions=3, **kw)`` creates a uniquely named topic on the
+    test's cluster (``kafka``)."""
 
     def make(partitions: int = 3, **kw: Any) -> str:
-        return kafka_broker.create_topic(_topic_name(request.node.name), partitions, **kw)
+        return kafka.create_topic(_topic_name(request.node.name), partitions, **kw)
 
     return make
 

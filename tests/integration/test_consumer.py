@@ -21,7 +21,7 @@ from logsdk.testing import read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.consumer_helpers import produce, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.each_broker]
 
 
 class Collect:
@@ -54,19 +54,24 @@ def _vm(field: str) -> int:
 
 
 def test_backpressure_bounds_queue_and_memory(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    kafka: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
     """A slow handler: queue depth stays within queue_size, RSS bounded, member never leaves."""
-    topic = fresh_topic(3)
+    # The mock cluster keeps about 5 MiB of a partition and needs a session timeout over
+    # 3 s (max.poll.interval.ms may not be below it): 16 partitions and 4 s there.
+    partitions, max_poll_ms = (16, 4000) if kafka.kind == "mock" else (3, 3000)
+    topic = fresh_topic(partitions)
     n, value_bytes, queue_size = 1800, 32 * 1024, 200
-    produce(kafka_broker.client_config("producer"), topic, n, partitions=3, value_bytes=value_bytes)
+    produce(
+        kafka.client_config("producer"), topic, n, partitions=partitions, value_bytes=value_bytes
+    )
     # Slow at first (~100 records/s: the queue stays full, partitions get paused),
     # then fast enough to pass 56 MiB through quickly.
     handler = Collect(delay=0.02, slow=500)
     rss_before = _vm("VmRSS")
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS counter
-    config = {**kafka_broker.client_config("consumer"), "max.poll.interval.ms": 3000}
+    config = {**kafka.client_config("consumer"), "max.poll.interval.ms": max_poll_ms}
     c = LogConsumer(
         group_id=f"bp-{topic}",
         topics=[topic],
@@ -90,7 +95,7 @@ def test_backpressure_bounds_queue_and_memory(
     assert handler.count() >= n
     assert len(set(handler.seen)) == n
     # The run outlasted max.poll.interval.ms, yet the member stayed in the group.
-    assert elapsed > 3.0
+    assert elapsed > max_poll_ms / 1000
     assert stats["assignments"] == 1
     assert stats["revocations"] == 0
     assert stats["lost"] == 0
@@ -105,13 +110,16 @@ def test_backpressure_bounds_queue_and_memory(
 
 
 def test_byte_bound_holds_with_large_records(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    kafka: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
     """64 KiB records, a 2 MiB byte bound far below the record bound, a slow handler:
     the queue never holds more than the byte bound plus one record."""
     topic = fresh_topic(1)
-    n, value_bytes, queue_bytes = 300, 64 * 1024, 2 * 1024 * 1024
-    produce(kafka_broker.client_config("producer"), topic, n, partitions=1, value_bytes=value_bytes)
+    # The mock cluster keeps about the last 5 MiB of a partition: 70 records there (4.4 MiB,
+    # still over twice the byte bound), 300 (19 MiB) on the embedded broker.
+    n = 70 if kafka.kind == "mock" else 300
+    value_bytes, queue_bytes = 64 * 1024, 2 * 1024 * 1024
+    produce(kafka.client_config("producer"), topic, n, partitions=1, value_bytes=value_bytes)
     handler = Collect(delay=0.005)
     c = LogConsumer(
         group_id=f"bytes-{topic}",
@@ -121,7 +129,7 @@ def test_byte_bound_holds_with_large_records(
         queue_size=10_000,
         queue_bytes=queue_bytes,
         max_batch=4,
-        kafka_config=kafka_broker.client_config("consumer"),
+        kafka_config=kafka.client_config("consumer"),
     )
     with c:
         wait_until(lambda: handler.count() >= n, 60, "every record handled", step=0.05)
@@ -134,13 +142,13 @@ def test_byte_bound_holds_with_large_records(
 
 @pytest.mark.parametrize("ordering", ["partition", "none"])
 def test_no_handler_call_gets_more_than_max_batch(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], ordering: str
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], ordering: str
 ) -> None:
     """One partition polled 1000 records at a time, max_batch=7: every call gets at most 7
     records (a poll's run is queued as several chunks), and all arrive once, in order."""
     topic = fresh_topic(1)
     n = 3000
-    produce(kafka_broker.client_config("producer"), topic, n, partitions=1)
+    produce(kafka.client_config("producer"), topic, n, partitions=1)
     handler = Collect()
     c = LogConsumer(
         group_id=f"maxb-{topic}",
@@ -149,7 +157,7 @@ def test_no_handler_call_gets_more_than_max_batch(
         workers=2,
         ordering=ordering,  # type: ignore[arg-type]
         max_batch=7,
-        kafka_config=kafka_broker.client_config("consumer"),
+        kafka_config=kafka.client_config("consumer"),
     )
     with c:
         wait_until(lambda: handler.count() >= n, 60, "every record handled", step=0.05)
@@ -159,14 +167,12 @@ def test_no_handler_call_gets_more_than_max_batch(
         assert handler.seen == sorted(handler.seen)
 
 
-def test_key_ordering_across_8_workers(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
-) -> None:
+def test_key_ordering_across_8_workers(kafka: KafkaTarget, fresh_topic: Callable[..., str]) -> None:
     """ordering='key': a key's records are processed one at a time, in offset order."""
     topic = fresh_topic(3)
     n, keys = 6000, 24
     produce(
-        kafka_broker.client_config("producer"),
+        kafka.client_config("producer"),
         topic,
         n,
         partitions=3,
@@ -200,7 +206,7 @@ def test_key_ordering_across_8_workers(
         workers=8,
         ordering="key",
         max_batch=50,
-        kafka_config=kafka_broker.client_config("consumer"),
+        kafka_config=kafka.client_config("consumer"),
     )
     with c:
         wait_until(lambda: c.stats()["processed"] >= n, 60, f"{n} records processed")
@@ -222,13 +228,13 @@ def poison_handler(seen: list[int]) -> Callable[[Record], None]:
 
 
 def test_poison_record_goes_to_dead_letter_topic(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    kafka: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
     """A record that always fails is retried, then dead-lettered with its error in headers."""
     topic, dlt = fresh_topic(1), fresh_topic(1)
     n, poison = 500, {100, 333}
     produce(
-        kafka_broker.client_config("producer"),
+        kafka.client_config("producer"),
         topic,
         n,
         partitions=1,
@@ -250,7 +256,7 @@ def test_poison_record_goes_to_dead_letter_topic(
         dead_letter_topic=dlt,
         max_retries=2,
         retry_backoff=0.01,
-        kafka_config=kafka_broker.client_config("consumer"),
+        kafka_config=kafka.client_config("consumer"),
     )
     with c:
         wait_until(lambda: c.stats()["committed"].get(f"{topic}[0]") == n, 60, "all committed")
@@ -258,7 +264,7 @@ def test_poison_record_goes_to_dead_letter_topic(
     assert stats["dead_lettered"] == 2
     assert stats["retries"] >= 4
     assert set(seen) == set(range(n)) - poison
-    dead = read_topic(kafka_broker.bootstrap_servers, dlt)
+    dead = read_topic(kafka.bootstrap_servers, dlt)
     assert sorted(m.value() or b"" for m in dead) == [b"poison 100", b"poison 333"]
     for m in dead:
         headers = dict(m.headers() or [])
@@ -274,13 +280,13 @@ def test_poison_record_goes_to_dead_letter_topic(
 
 
 def test_poison_record_without_dlt_stops_with_clear_error(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    kafka: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
     """Without a dead-letter topic the consumer stops on the poison record; nothing is skipped."""
     topic = fresh_topic(1)
     n = 300
     produce(
-        kafka_broker.client_config("producer"),
+        kafka.client_config("producer"),
         topic,
         n,
         partitions=1,
@@ -293,7 +299,7 @@ def test_poison_record_without_dlt_stops_with_clear_error(
         handler=poison_handler(seen),
         max_retries=1,
         retry_backoff=0.01,
-        kafka_config=kafka_broker.client_config("consumer"),
+        kafka_config=kafka.client_config("consumer"),
     )
     with pytest.raises(
         PoisonRecordError,
@@ -326,12 +332,12 @@ class SlowSink(SQLiteSink):
 
 @pytest.mark.slow
 def test_rebalance_exactly_once_no_duplicate_no_gap(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """3 consumers, one joining late and one leaving mid-run: each record stored exactly once."""
     topic = fresh_topic(6)
     n = 30_000
-    produce(kafka_broker.client_config("producer"), topic, n // 2, partitions=6)
+    produce(kafka.client_config("producer"), topic, n // 2, partitions=6)
     db = tmp_path / "sink.db"
     sinks = [SlowSink(db) for _ in range(3)]
 
@@ -343,7 +349,7 @@ def test_rebalance_exactly_once_no_duplicate_no_gap(
             semantics="exactly_once",
             workers=3,
             max_batch=100,
-            kafka_config=kafka_broker.client_config("consumer"),
+            kafka_config=kafka.client_config("consumer"),
         )
 
     c1, c2, c3 = consumer(0), consumer(1), consumer(2)
@@ -353,9 +359,7 @@ def test_rebalance_exactly_once_no_duplicate_no_gap(
         wait_until(lambda: len(_sink_rows(db)) >= n // 5, 60, "first fifth stored", step=0.1)
         c3.start()  # joins late
         wait_until(lambda: c3.stats()["assignments"] > 0, 30, "late member assigned", step=0.1)
-        produce(
-            kafka_broker.client_config("producer"), topic, n // 2, partitions=6, start_seq=n // 2
-        )
+        produce(kafka.client_config("producer"), topic, n // 2, partitions=6, start_seq=n // 2)
         wait_until(lambda: c3.stats()["processed"] > 0, 30, "late member processing", step=0.1)
         assert len(_sink_rows(db)) < n, "the run ended before the member left"
         c2.stop()  # leaves mid-run
@@ -374,12 +378,12 @@ def test_rebalance_exactly_once_no_duplicate_no_gap(
 
 
 def test_process_executor_exactly_once(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """executor='process': handlers run in child processes with the same exactly-once result."""
     topic = fresh_topic(2)
     n = 3000
-    produce(kafka_broker.client_config("producer"), topic, n, partitions=2)
+    produce(kafka.client_config("producer"), topic, n, partitions=2)
     db = tmp_path / "sink.db"
     with SQLiteSink(db) as sink:
         c = LogConsumer(
@@ -389,7 +393,7 @@ def test_process_executor_exactly_once(
             semantics="exactly_once",
             executor="process",
             workers=2,
-            kafka_config=kafka_broker.client_config("consumer"),
+            kafka_config=kafka.client_config("consumer"),
         )
         with c:
             wait_until(lambda: sink.count() >= n, 90, "all records stored", step=0.1)
@@ -410,12 +414,12 @@ class _Hang:
 
 
 def test_stop_kills_a_hung_process_handler_within_its_timeout(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """executor='process' with a handler call that never returns: stop(timeout) returns
     about then, and no handler process is left running."""
     topic = fresh_topic(1)
-    produce(kafka_broker.client_config("producer"), topic, 10, partitions=1)
+    produce(kafka.client_config("producer"), topic, 10, partitions=1)
     marker = tmp_path / "running"
     before = set(multiprocessing.active_children())  # other tests' children are not ours
     c = LogConsumer(
@@ -424,7 +428,7 @@ def test_stop_kills_a_hung_process_handler_within_its_timeout(
         handler=_Hang(str(marker)),
         executor="process",
         workers=1,
-        kafka_config=kafka_broker.client_config("consumer"),
+        kafka_config=kafka.client_config("consumer"),
     )
     c.start()
     try:
@@ -444,21 +448,21 @@ def test_stop_kills_a_hung_process_handler_within_its_timeout(
 
 
 def test_error_events_among_records_are_skipped(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    kafka: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
     """Partition-EOF events come back from consume() between records: none is lost."""
     topic = fresh_topic(2)
     n = 500
-    produce(kafka_broker.client_config("producer"), topic, n, partitions=2)
+    produce(kafka.client_config("producer"), topic, n, partitions=2)
     handler = Collect()
-    config = {**kafka_broker.client_config("consumer"), "enable.partition.eof": True}
+    config = {**kafka.client_config("consumer"), "enable.partition.eof": True}
     c = LogConsumer(
         group_id=f"eof-{topic}", topics=[topic], handler=handler, workers=2, kafka_config=config
     )
     with c:
         wait_until(lambda: handler.count() >= n or c.error is not None, 60, "all records")
         assert c.error is None
-        produce(kafka_broker.client_config("producer"), topic, n, partitions=2)
+        produce(kafka.client_config("producer"), topic, n, partitions=2)
         wait_until(lambda: handler.count() >= 2 * n or c.error is not None, 60, "more records")
         stats = c.stats()
     assert sorted(handler.seen) == [(p, o) for p in range(2) for o in range(n)]

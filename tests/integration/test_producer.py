@@ -32,21 +32,21 @@ from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_po
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, InterruptAfterProduce, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.each_broker]
 
 
 def test_delivers_everything_with_headers(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """Every record arrives once, with logsdk.producer/logsdk.seq headers, in order."""
     topic = fresh_topic(3)
-    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+    with LogProducer(kafka.bootstrap_servers, topic, tmp_path) as p:
         for i in range(5000):
             p.send({"i": i}, key=str(i % 7), headers={"app": "test"})
         assert p.flush(30) == 0
         pid = p.producer_id
         assert p.stats()["acked"] == 5000
-    msgs = read_topic(kafka_broker.bootstrap_servers, topic)
+    msgs = read_topic(kafka.bootstrap_servers, topic)
     rep = check_delivery(msgs)
     assert rep.unique == 5000
     assert rep.duplicates == 0
@@ -55,25 +55,23 @@ def test_delivers_everything_with_headers(
     assert ("app", b"test") in (msgs[0].headers() or [])
 
 
-def test_value_types(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
-) -> None:
+def test_value_types(kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path) -> None:
     """bytes, str and dict values are sent as bytes, UTF-8 and compact JSON."""
     topic = fresh_topic(1)
-    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+    with LogProducer(kafka.bootstrap_servers, topic, tmp_path) as p:
         p.send(b"raw")
         p.send("tëxt")
         p.send({"a": 1, "b": [1, 2]})
         assert p.flush(10) == 0
-    values = [m.value() for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    values = [m.value() for m in read_topic(kafka.bootstrap_servers, topic)]
     assert values == [b"raw", "tëxt".encode(), b'{"a":1,"b":[1,2]}']
 
 
 def test_unserialisable_value_raises_before_acceptance(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """A set, an object or a dict holding one raises TypeError and is not counted as sent."""
-    with LogProducer(kafka_broker.bootstrap_servers, fresh_topic(1), tmp_path) as p:
+    with LogProducer(kafka.bootstrap_servers, fresh_topic(1), tmp_path) as p:
         for bad in ({1, 2}, object(), {"x": object()}, 3.5):
             with pytest.raises(TypeError):
                 p.send(bad)  # type: ignore[arg-type]
@@ -88,13 +86,11 @@ def test_unserialisable_value_raises_before_acceptance(
 
 
 def test_record_too_large_is_rejected_and_rest_flows(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """A record above message_max_bytes raises, is counted, and never blocks the others."""
     topic = fresh_topic(1)
-    with LogProducer(
-        kafka_broker.bootstrap_servers, topic, tmp_path, message_max_bytes=10_000
-    ) as p:
+    with LogProducer(kafka.bootstrap_servers, topic, tmp_path, message_max_bytes=10_000) as p:
         p.send("before")
         with pytest.raises(RecordTooLargeError, match="10000"):
             p.send(b"x" * 20_000)
@@ -102,12 +98,12 @@ def test_record_too_large_is_rejected_and_rest_flows(
         assert p.flush(10) == 0
         assert p.stats()["rejected"] == 1
         assert p.stats()["errors"]["record_too_large"] == 1
-    got = [m.value() for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    got = [m.value() for m in read_topic(kafka.bootstrap_servers, topic)]
     assert got == [b"before", b"after"]
 
 
 def test_in_flight_table_gives_every_ticket_back_and_is_reused(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """The records in flight sit in a table of tickets (their delivery callbacks): once
     every report is in, every slot is empty and every ticket free, a record librdkafka
@@ -115,7 +111,7 @@ def test_in_flight_table_gives_every_ticket_back_and_is_reused(
     growing it."""
     topic = fresh_topic(2)
     with LogProducer(
-        kafka_broker.bootstrap_servers,
+        kafka.bootstrap_servers,
         topic,
         tmp_path,
         kafka_config={"message.max.bytes": 5000},  # librdkafka's own limit, below the SDK's
@@ -136,11 +132,11 @@ def test_in_flight_table_gives_every_ticket_back_and_is_reused(
         assert len(p._slots) == peak  # no ticket was made: the free ones served
         assert sorted(p._free) == list(range(peak))
         assert p.stats()["acked"] == 3000 + peak
-    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 3000 + peak
+    assert len(read_topic(kafka.bootstrap_servers, topic)) == 3000 + peak
 
 
 def test_a_closed_producer_is_freed_without_the_cyclic_collector(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """The ticket classes name their producer; close() lets go of it, so a closed producer
     and its in-flight table are freed by reference counting when the application drops
@@ -152,7 +148,7 @@ def test_a_closed_producer_is_freed_without_the_cyclic_collector(
     try:
         for buffer in ("memory", "shm"):
             p = LogProducer(
-                kafka_broker.bootstrap_servers,
+                kafka.bootstrap_servers,
                 topic,
                 tmp_path / buffer,
                 buffer=buffer,
@@ -168,11 +164,11 @@ def test_a_closed_producer_is_freed_without_the_cyclic_collector(
     finally:
         if enabled:
             gc.enable()
-    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 4000
+    assert len(read_topic(kafka.bootstrap_servers, topic)) == 4000
 
 
 def test_an_interrupt_right_after_produce_never_reuses_the_seq(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """A signal handler's exception (KeyboardInterrupt) surfaces in send() when a call
     returns, so it may come right after produce() handed the record to librdkafka: that
@@ -180,7 +176,7 @@ def test_an_interrupt_right_after_produce_never_reuses_the_seq(
     would then drop one of two different records). Injected at exactly that instant by a
     wrapper around the real client."""
     topic = fresh_topic(1)
-    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+    with LogProducer(kafka.bootstrap_servers, topic, tmp_path) as p:
         p.send(b"before")
         assert p.flush(30) == 0
         with p._lock:
@@ -191,21 +187,21 @@ def test_an_interrupt_right_after_produce_never_reuses_the_seq(
             p._client = real
         p.send(b"after")
         assert p.flush(30) == 0
-    got = read_topic(kafka_broker.bootstrap_servers, topic)
+    got = read_topic(kafka.bootstrap_servers, topic)
     seqs = {m.value(): dict(m.headers() or [])["logsdk.seq"] for m in got}
     assert set(seqs) == {b"before", b"interrupted", b"after"}  # handed over: delivered
     assert len(set(seqs.values())) == 3, seqs  # three records, three seqs
 
 
 def test_second_producer_on_same_dir_takes_its_own_slot(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """Two producers on one spool dir never share a spool: the second takes slot 1, with a
     producer id of its own; a Spool opened on a held slot gets SpoolLockedError."""
     topic = fresh_topic(1)
     with (
-        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as a,
-        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as b,
+        LogProducer(kafka.bootstrap_servers, topic, tmp_path) as a,
+        LogProducer(kafka.bootstrap_servers, topic, tmp_path) as b,
     ):
         assert (a.stats()["slot"], b.stats()["slot"]) == (0, 1)
         assert a.producer_id != b.producer_id
@@ -214,7 +210,7 @@ def test_second_producer_on_same_dir_takes_its_own_slot(
 
 
 def test_corrupt_spool_producer_still_starts(
-    kafka_broker: KafkaTarget,
+    kafka: KafkaTarget,
     fresh_topic: Callable[..., str],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -223,18 +219,18 @@ def test_corrupt_spool_producer_still_starts(
     topic = fresh_topic(1)
     (tmp_path / "spool.db").write_bytes(b"\x00garbage" * 512)
     with caplog.at_level(logging.ERROR, logger="logsdk.spool"):
-        p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+        p = LogProducer(kafka.bootstrap_servers, topic, tmp_path)
     with p:
         p.send("ok")
         assert p.flush(10) == 0
         assert p.stats()["spool_corrupt_files"] == 1
     assert "corrupt" in caplog.text
     assert list(tmp_path.glob("spool.db.corrupt-*"))
-    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 1
+    assert len(read_topic(kafka.bootstrap_servers, topic)) == 1
 
 
 def test_damage_at_rest_after_a_clean_close_raises_the_disk_alarm(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """A clean close lets the next open skip quick_check, so a page damaged while the
     spool sat closed (its mtime kept, as a disk error would) is found by the replay's read:
@@ -249,7 +245,7 @@ def test_damage_at_rest_after_a_clean_close_raises_the_disk_alarm(
         f.seek(st.st_size // 2 // 4096 * 4096)
         f.write(b"\xff" * 4096)  # one page in the middle of the table
     os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns))
-    p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path, **FAST)
+    p = LogProducer(kafka.bootstrap_servers, topic, tmp_path, **FAST)
     try:
         wait_until(lambda: p.stats()["alarm"] is not None, 30, "the disk alarm")
         s = p.stats()
@@ -556,12 +552,12 @@ def test_spool_survives_as_plain_sqlite(tmp_path: Path) -> None:
 
 
 def test_kafka_handler_writes_json_records(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """KafkaHandler sends timestamp, level, logger, message, exception, extra, host, pid."""
     topic = fresh_topic(1)
     handler = KafkaHandler(
-        bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic, spool_dir=tmp_path
+        bootstrap_servers=kafka.bootstrap_servers, topic=topic, spool_dir=tmp_path
     )
     logger = logging.getLogger("app.handler-test")
     logger.addHandler(handler)
@@ -576,7 +572,7 @@ def test_kafka_handler_writes_json_records(
     finally:
         logger.removeHandler(handler)
         handler.close()
-    docs = [json.loads(m.value() or b"") for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    docs = [json.loads(m.value() or b"") for m in read_topic(kafka.bootstrap_servers, topic)]
     assert [d["message"] for d in docs] == ["hello world", "failed"]
     assert docs[0]["level"] == "INFO"
     assert docs[0]["logger"] == "app.handler-test"

@@ -20,12 +20,12 @@ from logsdk.testing import check_delivery, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, InterruptAfterProduce
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.each_broker]
 
 
 @pytest.mark.parametrize("after", ["put", "produce"])
 def test_an_interrupt_inside_send_leaves_no_frame_open(
-    after: str, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    after: str, kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """A signal handler's exception (KeyboardInterrupt) surfaces in send() when a call
     returns: right after the ring put (the record never reaches the client) or right after
@@ -33,10 +33,10 @@ def test_an_interrupt_inside_send_leaves_no_frame_open(
     does not stay open: an open frame the tail cannot pass would fill the ring for the
     producer's life and keep a clean close() from unlinking the segment. Injected at those
     instants by wrappers around the real ring and client."""
-    topic = fresh_topic(1)
+    topic = fresh_topic(3)  # ~5.5 MB: more than the mock cluster keeps of one partition
     name = segment_name(None, tmp_path)
     with LogProducer(
-        kafka_broker.bootstrap_servers, topic, tmp_path, buffer="shm", shm_bytes=1 << 20
+        kafka.bootstrap_servers, topic, tmp_path, buffer="shm", shm_bytes=1 << 20
     ) as p:
         p.send(b"before")
         assert p.flush(30) == 0
@@ -65,7 +65,7 @@ def test_an_interrupt_inside_send_leaves_no_frame_open(
         assert ring.pending == 0
         assert p.stats()["spooled"] == 0
     assert name not in list_segments()
-    got = read_topic(kafka_broker.bootstrap_servers, topic)
+    got = read_topic(kafka.bootstrap_servers, topic)
     seqs = [dict(m.headers() or [])["logsdk.seq"] for m in got]
     assert len(seqs) == len(set(seqs))
     values = {m.value() for m in got}
@@ -74,14 +74,14 @@ def test_an_interrupt_inside_send_leaves_no_frame_open(
 
 
 def test_shm_delivers_everything_and_clean_close_unlinks(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """Every record arrives with its headers; the segment is private (0600) while open,
     empty once acknowledged, and gone after close()."""
     topic = fresh_topic(3)
     name = segment_name(None, tmp_path)
     with LogProducer(
-        kafka_broker.bootstrap_servers, topic, tmp_path, buffer="shm", shm_bytes=1 << 20
+        kafka.bootstrap_servers, topic, tmp_path, buffer="shm", shm_bytes=1 << 20
     ) as p:
         assert stat.S_IMODE(os.stat(f"/dev/shm{name}").st_mode) == 0o600
         for i in range(20_000):  # ~ 4 laps of the 1 MiB ring
@@ -91,7 +91,7 @@ def test_shm_delivers_everything_and_clean_close_unlinks(
         assert (s["acked"], s["shm_records"], s["shm_name"]) == (20_000, 0, name)
         pid = p.producer_id
     assert name not in list_segments()
-    rep = check_delivery(read_topic(kafka_broker.bootstrap_servers, topic))
+    rep = check_delivery(read_topic(kafka.bootstrap_servers, topic))
     assert rep.missing(pid, range(20_000)) == []
     assert rep.order_violations == 0
 
