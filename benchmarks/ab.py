@@ -4,7 +4,7 @@
 
 Checks ``--before`` out in a temporary git worktree, then runs ``benchmarks/<script>.py
 --json`` (the current tree's script, so both sides do the same work) ``--runs`` times per
-side, alternating before/after, with ``PYTHONPATH`` pointing at the side's ``logsdk``.
+side, alternating which side goes first, importing each side's ``logsdk``.
 Prints, per figure (and per ratio to its raw baseline, measured in the same round), each
 side's values and the ratio of their medians (after / before); ``--json`` writes
 them as the last line. A refactor that must not slow the hot path is checked with it.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,13 +23,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: Runs a script with ``logsdk`` imported from the tree given first: the editable install's
+#: finder (on sys.meta_path) would otherwise win over PYTHONPATH and sys.path.
+_BOOT = """
+import runpy, sys
+tree, script = sys.argv[1], sys.argv[2]
+sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
+sys.path.insert(0, tree)
+import logsdk
+assert logsdk.__file__.startswith(tree), logsdk.__file__
+sys.argv = [script, *sys.argv[3:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
 def run_side(tree: Path, script: Path, args: list[str]) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    code = f"import logsdk, sys; assert logsdk.__file__.startswith({str(tree)!r}), logsdk.__file__"
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
     out = subprocess.run(
-        [sys.executable, str(script), "--json", *args],
-        env=env,
+        [sys.executable, "-c", _BOOT, str(tree), str(script), "--json", *args],
         cwd=tree,
         stdout=subprocess.PIPE,
         text=True,
@@ -64,7 +73,8 @@ def main(argv: list[str]) -> int:
         try:
             sides: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
             for i in range(a.runs):
-                for side, tree in (("before", before), ("after", Path(a.after))):
+                pair = [("before", before), ("after", Path(a.after))]
+                for side, tree in pair if i % 2 == 0 else pair[::-1]:  # drift favours neither
                     print(f"run {i + 1}/{a.runs}: {side}", file=sys.stderr, flush=True)
                     sides[side].append(run_side(tree, script, a.args))
         finally:

@@ -7,6 +7,14 @@
   fields (timestamp, level, logger, message, host, pid, thread, rid), in the same run.
   Lower is better: the ratio is KafkaHandler / JSON handler (goal <= 1.3).
 - handler.null_us_per_call (information): the same call with a NullHandler.
+- handler.structlog_us_per_call: ``log.info("request done", rid=i, ms=12.5)`` through
+  structlog with ``add_log_level``, ``TimeStamper(fmt="iso", utc=True)`` and KafkaRenderer
+  (``output=False``), until every record is in Kafka, against the same chain ending in
+  structlog's own ``JSONRenderer`` printing to /dev/null (a processor adds ``host``, as
+  KafkaRenderer does). Goal <= 1.3.
+- handler.loguru_us_per_call: ``logger.bind(rid=i).info("request {} done in {} ms", i,
+  12.5)`` into a KafkaSink, until every record is in Kafka, against loguru's own JSON
+  output (``serialize=True``) to /dev/null. Goal <= 1.3.
 
 Each round is ``--records`` calls; the KafkaHandler's clock runs until its producer's
 flush() returned (every record acknowledged).
@@ -25,11 +33,17 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
+import structlog
+from loguru import logger as loguru_logger
 from pythonjsonlogger.json import JsonFormatter
 
 from logsdk.integrations.logging import KafkaHandler
+from logsdk.integrations.loguru import KafkaSink
+from logsdk.integrations.structlog import KafkaRenderer
+from logsdk.producer import LogProducer
 from logsdk.testing import EmbeddedBroker, create_topic
 
 
@@ -39,6 +53,82 @@ def _calls(log: logging.Logger, n: int) -> float:
     for i in range(n):
         log.info("request %d done in %s ms", i, 12.5, extra={"rid": i})
     return (time.perf_counter() - t0) / n * 1e6
+
+
+def _structlog_calls(log: Any, n: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(n):
+        log.info("request done", rid=i, ms=12.5)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _loguru_calls(n: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(n):
+        loguru_logger.bind(rid=i).info("request {} done in {} ms", i, 12.5)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _result(name: str, value: float, baseline: str, base: float, params: dict[str, Any]) -> Any:
+    return {"name": name, "unit": "µs/call", "value": round(value, 2), "baseline": baseline,
+            "baseline_value": round(base, 2), "ratio": round(value / base, 3), "goal": 1.3,
+            "params": params}  # fmt: skip
+
+
+def _libraries(bootstrap: str, spool: str, rounds: int, n: int, devnull: Any) -> list[Any]:
+    """handler.structlog_us_per_call and handler.loguru_us_per_call (see the docstring)."""
+    host = socket.gethostname()
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    level = structlog.processors.add_log_level
+
+    def add_host(_: Any, __: str, ev: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        ev.setdefault("host", host)
+        return ev
+
+    s_json = structlog.wrap_logger(
+        structlog.PrintLogger(devnull),
+        processors=[level, stamp, add_host, structlog.processors.JSONRenderer()],
+        cache_logger_on_first_use=True,
+    )
+    out: dict[str, list[float]] = {"sk": [], "sj": [], "lk": [], "lj": []}
+    with LogProducer(bootstrap, "handler-bench", spool) as producer:
+        renderer = KafkaRenderer(producer, output=False)
+        s_kafka = structlog.wrap_logger(
+            structlog.PrintLogger(devnull), processors=[level, stamp, renderer],
+            cache_logger_on_first_use=True,
+        )  # fmt: skip
+        sink = KafkaSink(producer)
+        loguru_logger.remove()
+        s_kafka.info("warm-up")
+        if producer.flush(60):
+            raise RuntimeError("warm-up record not delivered")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            _structlog_calls(s_kafka, n)
+            if producer.flush(120):
+                raise RuntimeError("records not delivered")
+            out["sk"].append((time.perf_counter() - t0) / n * 1e6)
+            out["sj"].append(_structlog_calls(s_json, n))
+            hid = loguru_logger.add(sink, level="INFO")
+            t0 = time.perf_counter()
+            _loguru_calls(n)
+            if producer.flush(120):
+                raise RuntimeError("records not delivered")
+            out["lk"].append((time.perf_counter() - t0) / n * 1e6)
+            loguru_logger.remove(hid)
+            hid = loguru_logger.add(devnull, level="INFO", serialize=True)
+            out["lj"].append(_loguru_calls(n))
+            loguru_logger.remove(hid)
+        dropped = renderer.dropped + sink.dropped
+    med = {k: statistics.median(v) for k, v in out.items()}
+    params = {"records": n, "rounds": rounds, "dropped": dropped,
+              **{f"{k}_rounds_us": [round(x, 2) for x in v] for k, v in out.items()}}  # fmt: skip
+    return [
+        _result("handler.structlog_us_per_call", med["sk"],
+                "structlog JSONRenderer to /dev/null, same processors", med["sj"], params),
+        _result("handler.loguru_us_per_call", med["lk"],
+                "loguru serialize=True to /dev/null", med["lj"], params),
+    ]  # fmt: skip
 
 
 def _logger(name: str, handler: logging.Handler) -> logging.Logger:
@@ -93,6 +183,7 @@ def main(argv: list[str]) -> int:
             null_ms.append(_calls(n_log, args.records))
         dropped = kafka.dropped
         kafka.close()
+        libs = _libraries(broker.bootstrap_servers, d + "/libs", args.rounds, args.records, devnull)
     devnull.close()
     k, j, n = (statistics.median(x) for x in (kafka_ms, json_ms, null_ms))
     params = {"records": args.records, "rounds": args.rounds, "dropped": dropped,
@@ -121,6 +212,7 @@ def main(argv: list[str]) -> int:
             "goal": None,
             "params": {"records": args.records, "rounds": args.rounds},
         },
+        *libs,
     ]
     for r in results:
         ratio = "" if r["ratio"] is None else f"  ratio {r['ratio']} (goal <= {r['goal']})"

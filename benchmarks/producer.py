@@ -1,14 +1,19 @@
 """LogProducer throughput and latency against raw baselines measured in the same run.
 
-- producer.memory: LogProducer.send() of N records until all are acknowledged, vs a raw
-  confluent-kafka Producer (idempotent, acks=all, an on_delivery callback counting
-  acks, as any reliable hand-rolled wrapper needs) doing the same. Both clients are
-  started before the clock (one record sent and acknowledged): the raw side's clock
-  used to include its client's start, about 0.45 s of a 0.8 s round at 200 B, which
-  LogProducer hid behind its slower send() loop.
+- producer.memory: LogProducer.send() of N records until all are acknowledged, vs raw
+  confluent-kafka doing the same work (``raw_headers_pump``): an idempotent Producer,
+  acks=all, an on_delivery callback counting acks, each record carrying the two headers
+  every LogProducer record carries (``logsdk.producer``, ``logsdk.seq``: what makes
+  dedupe possible), its reports served by a second thread that polls, so that the
+  sending loop never blocks on them (what a non-blocking send() needs). Both clients are
+  started before the clock (one record sent and acknowledged).
+- producer.memory.no_headers (information): the same LogProducer runs against the raw
+  Producer without headers, polling inline: what a user pays over the leanest raw loop.
+- producer.cpu_us_per_record: process CPU time (``time.process_time``: every thread,
+  librdkafka's included) per record of the producer.memory run, LogProducer against
+  raw_headers_pump's. Lower is better: the ratio is LogProducer / raw (goal <= 1.15).
 - producer.memory.same_headers (information, no goal): the same LogProducer runs against a
-  raw producer that also sends the two headers every LogProducer record carries
-  (``logsdk.producer``, ``logsdk.seq``): what the SDK costs beyond them. confluent-kafka
+  raw producer that sends the two headers and polls inline. confluent-kafka
   charges about 0.6-0.9 µs per produce() call for any headers at all (measured without a
   broker: 0.7 µs without, 1.3-1.8 µs with one or two).
 - producer.memory.raw_headers and .raw_headers_pump (information, no goal): the raw producer
@@ -24,9 +29,12 @@
   WAL, the same synchronous setting) of the same rows.
 - producer.replay: records/s drained from a full spool to Kafka after recovery
   (replay_max_rate=None), from opening the producer, vs the raw confluent-kafka Producer
-  with its client's start in the clock too.
-- producer.shm: as producer.memory with buffer="shm" (a 64 MiB ring); params also give
-  the resident size of the ring and the process's RSS right after the run.
+  sending the same headers, with its client's start in the clock too;
+  producer.replay.no_headers (information): against the raw Producer without headers.
+- producer.shm: as producer.memory with buffer="shm" (a 64 MiB ring), against the same
+  raw_headers_pump (goal 0.8); producer.shm.no_headers (information) against the raw
+  Producer without headers. params also give the resident size of the ring and the
+  process's RSS right after the run.
 
 Median of ``--rounds`` alternating rounds, 200-byte and 1 KiB values. Starts its own
 embedded broker, a fresh one for each value size and for each producer.shm size, and
@@ -54,7 +62,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaError, Message, Producer
 
@@ -70,6 +78,18 @@ FAST: dict[str, Any] = {
     "replay_max_rate": None,
     "replay_batch": 5000,
 }
+
+
+class Run(NamedTuple):
+    rate: float  # records/s until every record is acknowledged
+    cpu_us: float  # process CPU µs per record over the same interval (every thread)
+
+
+RAW_PUMP = (
+    "raw confluent-kafka Producer, idempotent, acks=all, on_delivery, the same two headers, "
+    "reports served by a second thread (raw_headers_pump)"
+)
+RAW_PLAIN = "raw confluent-kafka Producer, idempotent, acks=all, on_delivery, no headers"
 
 
 @contextlib.contextmanager
@@ -96,7 +116,7 @@ def raw_produce(
     headers: bool = False,
     started: bool = True,
     pump: bool = False,
-) -> float:
+) -> Run:
     """Records/s of a raw idempotent producer until every record is acknowledged;
     ``headers``: each record also carries the two headers a LogProducer adds;
     ``started``: its first record is acknowledged before the clock starts (else the clock
@@ -133,7 +153,7 @@ def raw_produce(
     pumper = threading.Thread(target=serve_reports, name="raw-pump", daemon=True)
     if pump:
         pumper.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i, v in enumerate(values):
         while True:
             try:
@@ -163,9 +183,9 @@ def raw_produce(
         pumper.join()
     if p.flush(120):
         raise RuntimeError("raw producer did not deliver everything")
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert acked == len(values)
-    return len(values) / dt
+    return Run(len(values) / dt, cpu / len(values) * 1e6)
 
 
 def _start(p: LogProducer) -> None:
@@ -178,13 +198,14 @@ def _start(p: LogProducer) -> None:
 
 def sdk_produce(
     broker: EmbeddedBroker, topic: str, values: list[bytes], spool: Path
-) -> tuple[float, list[int]]:
-    """Records/s of LogProducer.send() until all acknowledged, and per-call ns samples."""
+) -> tuple[Run, list[int]]:
+    """Records/s and CPU µs a record of LogProducer.send() until all acknowledged, and
+    per-call ns samples."""
     samples: list[int] = []
     clock = time.perf_counter_ns
     with LogProducer(broker.bootstrap_servers, topic, spool, **FAST) as p:
         _start(p)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i, v in enumerate(values):
             if i & 7:
                 p.send(v, b"%d" % (i % 64))
@@ -196,9 +217,9 @@ def sdk_produce(
             samples.append(clock() - s)
         if p.flush(120):
             raise RuntimeError("LogProducer did not deliver everything")
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert p.stats()["acked"] == len(values) + 1, p.stats()
-    return len(values) / dt, samples
+    return Run(len(values) / dt, cpu / len(values) * 1e6), samples
 
 
 def _rss_mib() -> tuple[float, float]:
@@ -240,33 +261,45 @@ def run_shm(
     try:
         for size in sizes:
             values = _values(records, size)
-            sdk, raw, rss, shmem = [], [], [], []
+            sdk, raw, pump, rss, shmem = [], [], [], [], []
             for r in range(rounds):
                 tag = uuid.uuid4().hex[:6]
-                for side in ("sdk", "raw") if r % 2 == 0 else ("raw", "sdk"):
+                sides = ("sdk", "pump", "raw")
+                for side in sides if r % 2 == 0 else sides[::-1]:
                     with _topic(broker, f"{side}-shm") as topic:
                         if side == "raw":
-                            raw.append(raw_produce(broker, topic, values))
+                            raw.append(raw_produce(broker, topic, values).rate)
+                        elif side == "pump":
+                            pump.append(
+                                raw_produce(broker, topic, values, headers=True, pump=True).rate
+                            )
                         else:
                             rate, vm, sh = sdk_produce_shm(broker, topic, values, work / tag)
                             sdk.append(rate)
                             rss.append(vm)
                             shmem.append(sh)
             # Median of per-round ratios: each pair ran back to back on the same broker.
-            ratio = statistics.median(a / b for a, b in zip(sdk, raw, strict=True))
-            res = _result(
-                "producer.shm" + ("" if size == 200 else f".{size}b"),
-                "records/s",
-                statistics.median(sdk),
-                "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
-                statistics.median(raw),
-                0.7,
-                {"records": records, "value_bytes": size, "rounds": rounds, "shm_mib": 64},
-            )
-            res["ratio"] = round(ratio, 3)
-            res["params"]["rss_after_run_mib"] = round(max(rss), 1)
-            res["params"]["ring_resident_mib"] = round(max(shmem), 1)
-            results.append(res)
+            name = "producer.shm" + ("" if size == 200 else f".{size}b")
+            params = {"records": records, "value_bytes": size, "rounds": rounds, "shm_mib": 64}
+            for fig, base, base_name, goal in (
+                (name, pump, RAW_PUMP, 0.8),
+                (name + ".no_headers", raw, RAW_PLAIN, None),
+            ):
+                res = _result(
+                    fig,
+                    "records/s",
+                    statistics.median(sdk),
+                    base_name,
+                    statistics.median(base),
+                    goal,
+                    dict(params),
+                )
+                res["ratio"] = round(
+                    statistics.median(a / b for a, b in zip(sdk, base, strict=True)), 3
+                )
+                res["params"]["rss_after_run_mib"] = round(max(rss), 1)
+                res["params"]["ring_resident_mib"] = round(max(shmem), 1)
+                results.append(res)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
@@ -359,18 +392,36 @@ def _result(
     }
 
 
-def _replay_result(
-    size: int, sdk: list[float], raw: list[float], params: dict[str, Any]
-) -> dict[str, Any]:
-    return _result(
-        "producer.replay" + ("" if size == 200 else f".{size}b"),
-        "records/s",
-        statistics.median(sdk),
-        "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
-        statistics.median(raw),
-        0.8,
-        params,
-    )
+def _replay_results(
+    size: int,
+    sdk: list[float],
+    raw_hdr: list[float],
+    raw: list[float],
+    params: dict[str, Any],
+) -> list[dict[str, Any]]:
+    name = "producer.replay" + ("" if size == 200 else f".{size}b")
+    cold = ", its client's start in the clock"
+    return [
+        _result(
+            name,
+            "records/s",
+            statistics.median(sdk),
+            "raw confluent-kafka Producer, idempotent, acks=all, on_delivery, the same two "
+            "headers" + cold,
+            statistics.median(raw_hdr),
+            0.9,
+            params,
+        ),
+        _result(
+            name + ".no_headers",
+            "records/s",
+            statistics.median(sdk),
+            RAW_PLAIN + cold,
+            statistics.median(raw),
+            None,
+            params,
+        ),
+    ]
 
 
 def run(
@@ -386,8 +437,9 @@ def run(
                 values = _values(records, size)
                 params = {"records": records, "value_bytes": size, "rounds": rounds}
                 mem_sdk, mem_raw, mem_hdr, mem_pump, p99s = [], [], [], [], []
+                cpu_sdk, cpu_pump = [], []
                 spill_sdk, spill_raw = [], []
-                rep_sdk, rep_raw = [], []
+                rep_sdk, rep_raw, rep_hdr = [], [], []
                 for r in range(rounds):
                     tag = uuid.uuid4().hex[:6]
                     # Alternate which side goes first, so drift favours neither.
@@ -398,16 +450,17 @@ def run(
                             break
                         with _topic(broker, side) as t:
                             if side == "raw":
-                                mem_raw.append(raw_produce(broker, t, values))
+                                mem_raw.append(raw_produce(broker, t, values).rate)
                             elif side == "hdr":
-                                mem_hdr.append(raw_produce(broker, t, values, headers=True))
+                                mem_hdr.append(raw_produce(broker, t, values, headers=True).rate)
                             elif side == "pump":
-                                mem_pump.append(
-                                    raw_produce(broker, t, values, headers=True, pump=True)
-                                )
+                                run_ = raw_produce(broker, t, values, headers=True, pump=True)
+                                mem_pump.append(run_.rate)
+                                cpu_pump.append(run_.cpu_us)
                             else:
-                                rate, samples = sdk_produce(broker, t, values, work / f"m-{tag}")
-                                mem_sdk.append(rate)
+                                run_, samples = sdk_produce(broker, t, values, work / f"m-{tag}")
+                                mem_sdk.append(run_.rate)
+                                cpu_sdk.append(run_.cpu_us)
                                 samples.sort()
                                 p99s.append(samples[int(len(samples) * 0.99)] / 1000)
                     for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
@@ -419,30 +472,58 @@ def run(
                             spill_raw.append(raw_sqlite(values, d))
                         else:
                             spill_sdk.append(sdk_spill(values, work / f"s-{tag}"))
-                    for side in ("sdk", "raw") if first_sdk else ("raw", "sdk"):
+                    sides = ("sdk", "hdr", "raw")
+                    for side in sides if first_sdk else sides[::-1]:
                         with _topic(broker, f"{side}-replay") as t:
+                            # The replay's clock includes its client's start and the probes
+                            # that confirm Kafka is back: the raw side's includes its
+                            # client's start.
                             if side == "raw":
-                                # The replay's clock includes its client's start and the
-                                # probes that confirm Kafka is back: the raw side's includes
-                                # its client's start.
-                                rep_raw.append(raw_produce(broker, t, values, started=False))
+                                rep_raw.append(raw_produce(broker, t, values, started=False).rate)
+                            elif side == "hdr":
+                                rep_hdr.append(
+                                    raw_produce(broker, t, values, headers=True, started=False).rate
+                                )
                             else:
                                 rate, n = sdk_replay(broker, t, work / f"s-{tag}")
                                 assert n == records + 1, n  # + the warm-up record
                                 rep_sdk.append(rate)
                 med = statistics.median
                 if only == "replay":
-                    results.append(_replay_result(size, rep_sdk, rep_raw, params))
+                    results.extend(_replay_results(size, rep_sdk, rep_hdr, rep_raw, params))
                     continue
+                sfx = "" if size == 200 else f".{size}b"
                 results.append(
                     _result(
-                        "producer.memory" + ("" if size == 200 else f".{size}b"),
+                        f"producer.memory{sfx}",
                         "records/s",
                         med(mem_sdk),
-                        "raw confluent-kafka Producer, idempotent, acks=all, on_delivery",
-                        med(mem_raw),
+                        RAW_PUMP,
+                        med(mem_pump),
                         0.9,
                         params,
+                    )
+                )
+                results.append(
+                    _result(
+                        f"producer.memory{sfx}.no_headers",
+                        "records/s",
+                        med(mem_sdk),
+                        RAW_PLAIN + ", polling inline",
+                        med(mem_raw),
+                        None,
+                        params,
+                    )
+                )
+                results.append(
+                    _result(
+                        f"producer.cpu_us_per_record{sfx}",
+                        "µs",
+                        med(cpu_sdk),
+                        "process CPU µs a record of raw_headers_pump (lower is better)",
+                        med(cpu_pump),
+                        1.15,
+                        {**params, "lower_is_better": True},
                     )
                 )
                 results.append(
@@ -460,14 +541,13 @@ def run(
                 # with the reports served by a second thread (LogProducer's shape): the
                 # most a LogProducer built this way can reach against producer.memory's
                 # baseline (information, no goal).
-                sfx = "" if size == 200 else f".{size}b"
                 for name, rates in (("raw_headers", mem_hdr), ("raw_headers_pump", mem_pump)):
                     results.append(
                         _result(
                             f"producer.memory{sfx}.{name}",
                             "records/s",
                             med(rates),
-                            "raw confluent-kafka Producer as producer.memory's, without headers",
+                            RAW_PLAIN + ", polling inline",
                             med(mem_raw),
                             None,
                             params,
@@ -495,7 +575,7 @@ def run(
                         params,
                     )
                 )
-                results.append(_replay_result(size, rep_sdk, rep_raw, params))
+                results.extend(_replay_results(size, rep_sdk, rep_hdr, rep_raw, params))
         if only in (None, "shm"):
             for size in sizes:
                 with EmbeddedBroker() as broker:

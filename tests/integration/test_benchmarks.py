@@ -45,10 +45,14 @@ def test_producer_benchmark_prints_every_figure() -> None:
             f"producer.memory{size}.same_headers",
             f"producer.memory{size}.raw_headers",
             f"producer.memory{size}.raw_headers_pump",
+            f"producer.memory{size}.no_headers",
+            f"producer.cpu_us_per_record{size}",
             f"producer.send_p99_us{size}",
             f"producer.spill{size}",
             f"producer.replay{size}",
+            f"producer.replay{size}.no_headers",
             f"producer.shm{size}",
+            f"producer.shm{size}.no_headers",
         ):
             assert figure in names, (figure, sorted(names))
 
@@ -67,6 +71,8 @@ def test_handler_benchmark_prints_its_figures() -> None:
     assert {r["name"] for r in results} == {
         "handler.logging_us_per_call",
         "handler.null_us_per_call",
+        "handler.structlog_us_per_call",
+        "handler.loguru_us_per_call",
     }
 
 
