@@ -44,14 +44,15 @@ os.environ["PATH"] = os.pathsep.join([*_pyenv_bins(), os.environ.get("PATH", "")
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Unit and integration suites, warnings as errors (pyproject's pytest settings),
-    without the Spark tests (those run on the main Python)."""
+    without the Spark tests and the mock-cluster runs (those run on the main Python: they
+    show another broker, not another Python)."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
         "-n",
         "2",
         "-m",
-        "not fault and not spark",
+        "not fault and not spark and not mock_cluster",
         "-p",
         "no:cacheprovider",
         "tests/unit",

@@ -45,6 +45,7 @@ MARKERS = {
     "spark": "needs pyspark and Java",
     "each_broker": "runs on the session's broker and on librdkafka's mock cluster (use the "
     "'kafka' fixture)",
+    "mock_cluster": "runs on librdkafka's mock cluster (the [mock] run of an each_broker test)",
 }
 
 
@@ -170,7 +171,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "fixture (the cluster of this run), not 'kafka_broker'"
         )
     if "kafka" in metafunc.fixturenames:
-        metafunc.parametrize("kafka", ["broker", "mock"], indirect=True)
+        metafunc.parametrize(
+            "kafka", ["broker", pytest.param("mock", marks=pytest.mark.mock_cluster)], indirect=True
+        )
 
 
 @pytest.fixture(scope="session")

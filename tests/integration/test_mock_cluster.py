@@ -18,7 +18,7 @@ from logsdk import LogConsumer, LogProducer, Record
 from logsdk.testing import MockCluster, check_delivery, read_topic
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.mock_cluster]
 
 
 @pytest.fixture(scope="module")
