@@ -506,17 +506,6 @@ def run(
                 )
                 results.append(
                     _result(
-                        f"producer.memory{sfx}.no_headers",
-                        "records/s",
-                        med(mem_sdk),
-                        RAW_PLAIN + ", polling inline",
-                        med(mem_raw),
-                        None,
-                        params,
-                    )
-                )
-                results.append(
-                    _result(
                         f"producer.cpu_us_per_record{sfx}",
                         "µs",
                         med(cpu_sdk),
@@ -526,29 +515,29 @@ def run(
                         {**params, "lower_is_better": True},
                     )
                 )
-                results.append(
-                    _result(
-                        "producer.memory" + ("" if size == 200 else f".{size}b") + ".same_headers",
-                        "records/s",
-                        med(mem_sdk),
-                        "raw confluent-kafka Producer as above, sending the same two headers",
-                        med(mem_hdr),
-                        None,
-                        params,
-                    )
-                )
-                # What the two headers alone cost raw confluent-kafka, and the two headers
-                # with the reports served by a second thread (LogProducer's shape): the
-                # most a LogProducer built this way can reach against producer.memory's
-                # baseline (information, no goal).
-                for name, rates in (("raw_headers", mem_hdr), ("raw_headers_pump", mem_pump)):
+                # Information, no goal: LogProducer against the raw producer without headers
+                # and with the headers polling inline; what the two headers alone cost raw
+                # confluent-kafka, and the headers with the reports served by a second
+                # thread (LogProducer's shape, producer.memory's baseline).
+                inline = RAW_PLAIN + ", polling inline"
+                for name, rates, base_name, base in (
+                    ("no_headers", mem_sdk, inline, mem_raw),
+                    (
+                        "same_headers",
+                        mem_sdk,
+                        "raw Producer sending the two headers, inline",
+                        mem_hdr,
+                    ),
+                    ("raw_headers", mem_hdr, inline, mem_raw),
+                    ("raw_headers_pump", mem_pump, inline, mem_raw),
+                ):
                     results.append(
                         _result(
                             f"producer.memory{sfx}.{name}",
                             "records/s",
                             med(rates),
-                            RAW_PLAIN + ", polling inline",
-                            med(mem_raw),
+                            base_name,
+                            med(base),
                             None,
                             params,
                         )
