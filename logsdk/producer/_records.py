@@ -31,6 +31,11 @@ Rec = tuple[str, bytes | None, bytes | None, Headers | None, int | None, int]
 KHeaders = list[tuple[str, str | bytes | None]]
 
 
+#: A dict value's JSON (compact, no NaN): one encoder for every record, as ``json.dumps``
+#: with arguments would build one per call; ``encode()`` keeps no state between calls.
+_DICT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _to_bytes(value: object, what: str) -> bytes | None:
     if value is None:
         return None
@@ -48,7 +53,7 @@ def _to_bytes(value: object, what: str) -> bytes | None:
         return bytes(value)
     if isinstance(value, dict) and what == "value":
         try:
-            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            text = _DICT_ENCODER.encode(value)
             return text.encode()
         except (TypeError, ValueError, RecursionError) as exc:
             raise SerializationError(f"value is not JSON-serialisable: {exc}") from exc
