@@ -71,6 +71,20 @@ SESSION_TIMEOUT_MS = 2000
 HEARTBEAT_INTERVAL_MS = 300
 
 
+def role_config(
+    bootstrap_servers: str, role: str, session_timeout_ms: int, heartbeat_interval_ms: int
+) -> ClientConfig:
+    """librdkafka settings for ``role`` on a test cluster: its bootstrap servers, and for
+    consumers the cluster's group timings (each broker kind needs its own)."""
+    conf: ClientConfig = {"bootstrap.servers": bootstrap_servers}
+    if role == "consumer":
+        conf["session.timeout.ms"] = session_timeout_ms
+        conf["heartbeat.interval.ms"] = heartbeat_interval_ms
+    elif role not in ("producer", "admin"):
+        raise ConfigError(f"role must be 'producer', 'consumer' or 'admin', got {role!r}")
+    return conf
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Ask the kernel to SIGKILL this child when its parent dies."""
     if sys.platform.startswith("linux"):
@@ -313,13 +327,7 @@ class EmbeddedBroker:
         For consumers: a small ``session.timeout.ms`` (a new group's first join
         waits about half of it on Tansu) and a matching heartbeat.
         """
-        conf: ClientConfig = {"bootstrap.servers": self.bootstrap_servers}
-        if role == "consumer":
-            conf["session.timeout.ms"] = SESSION_TIMEOUT_MS
-            conf["heartbeat.interval.ms"] = HEARTBEAT_INTERVAL_MS
-        elif role not in ("producer", "admin"):
-            raise ConfigError(f"role must be 'producer', 'consumer' or 'admin', got {role!r}")
-        return conf
+        return role_config(self.bootstrap_servers, role, SESSION_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS)
 
     # -- life cycle ------------------------------------------------------------------------
 

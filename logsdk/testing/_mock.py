@@ -43,7 +43,8 @@ import confluent_kafka  # loads librdkafka
 from confluent_kafka.admin import AdminClient
 
 from logsdk._types import ClientConfig
-from logsdk.errors import BrokerStartError, ConfigError
+from logsdk.errors import BrokerStartError
+from logsdk.testing._broker import role_config
 
 _RD_KAFKA_PRODUCER = 0
 MOCK_SESSION_TIMEOUT_MS = 3500  # over the 3 s a new group's first join waits
@@ -173,13 +174,9 @@ class MockCluster:
         by default), and a new group's first join waits 3 s, so a session timeout of 3 s
         or less never completes a join.
         """
-        conf: ClientConfig = {"bootstrap.servers": self.bootstrap_servers}
-        if role == "consumer":
-            conf["session.timeout.ms"] = MOCK_SESSION_TIMEOUT_MS
-            conf["heartbeat.interval.ms"] = MOCK_HEARTBEAT_INTERVAL_MS
-        elif role not in ("producer", "admin"):
-            raise ConfigError(f"role must be 'producer', 'consumer' or 'admin', got {role!r}")
-        return conf
+        return role_config(
+            self.bootstrap_servers, role, MOCK_SESSION_TIMEOUT_MS, MOCK_HEARTBEAT_INTERVAL_MS
+        )
 
     @property
     def broker_ids(self) -> list[int]:
