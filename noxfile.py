@@ -18,7 +18,8 @@ import nox
 #: Pythons other than the main one (.venv) that every change is tested on.
 PYTHONS = ["3.10", "3.12", "3.13"]
 
-nox.options.default_venv_backend = "venv"
+#: uv (a dev dependency) when it is there, else the standard library's venv and pip.
+nox.options.default_venv_backend = "uv|venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
