@@ -16,6 +16,10 @@
   12.5)`` into a KafkaSink, until every record is in Kafka, against loguru's own JSON
   output (``serialize=True``) to /dev/null. Goal <= 1.3.
 
+The adapters write their JSON with orjson when it is installed (extra ``orjson``, in dev);
+``--encoder json`` makes them use the standard library's json instead (``params.encoder``
+says which ran).
+
 Each round is ``--records`` calls; the KafkaHandler's clock runs until its producer's
 flush() returned (every record acknowledged).
 Median of ``--rounds`` alternating rounds. ``--json``: the last line is
@@ -40,6 +44,7 @@ import structlog
 from loguru import logger as loguru_logger
 from pythonjsonlogger.json import JsonFormatter
 
+from logsdk.integrations import _sender
 from logsdk.integrations.logging import KafkaHandler
 from logsdk.integrations.loguru import KafkaSink
 from logsdk.integrations.structlog import KafkaRenderer
@@ -121,7 +126,7 @@ def _libraries(bootstrap: str, spool: str, rounds: int, n: int, devnull: Any) ->
             loguru_logger.remove(hid)
         dropped = renderer.dropped + sink.dropped
     med = {k: statistics.median(v) for k, v in out.items()}
-    params = {"records": n, "rounds": rounds, "dropped": dropped,
+    params = {"records": n, "rounds": rounds, "dropped": dropped, "encoder": _encoder(),
               **{f"{k}_rounds_us": [round(x, 2) for x in v] for k, v in out.items()}}  # fmt: skip
     return [
         _result("handler.structlog_us_per_call", med["sk"],
@@ -129,6 +134,11 @@ def _libraries(bootstrap: str, spool: str, rounds: int, n: int, devnull: Any) ->
         _result("handler.loguru_us_per_call", med["lk"],
                 "loguru serialize=True to /dev/null", med["lj"], params),
     ]  # fmt: skip
+
+
+def _encoder() -> str:
+    """Which JSON library the adapters write with in this run."""
+    return "json" if _sender.dumps is _sender.dumps_json else "orjson"
 
 
 def _logger(name: str, handler: logging.Handler) -> logging.Logger:
@@ -144,7 +154,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--records", type=int, default=20_000, help="logging calls a round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--encoder", choices=("auto", "json"), default="auto",
+                    help="json: the adapters use the standard library's json")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.encoder == "json":
+        _sender.dumps = _sender.dumps_json
+    encoder = _encoder()
     devnull = open(os.devnull, "w")  # noqa: SIM115  # closed at the end
     json_handler = logging.StreamHandler(devnull)
     host = socket.gethostname()
@@ -187,7 +202,7 @@ def main(argv: list[str]) -> int:
     devnull.close()
     k, j, n = (statistics.median(x) for x in (kafka_ms, json_ms, null_ms))
     params = {"records": args.records, "rounds": args.rounds, "dropped": dropped,
-              "kafka_rounds_us": [round(x, 2) for x in kafka_ms],
+              "encoder": encoder, "kafka_rounds_us": [round(x, 2) for x in kafka_ms],
               "kafka_caller_only_us": round(statistics.median(caller_ms), 2),
               "json_rounds_us": [round(x, 2) for x in json_ms]}  # fmt: skip
     results: list[dict[str, Any]] = [

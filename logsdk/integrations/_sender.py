@@ -3,20 +3,66 @@
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 import os
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+try:  # the extra `orjson`: the same fields written about ten times faster
+    import orjson
+except ImportError:  # pragma: no cover - depends on the install
+    orjson = None  # type: ignore[assignment]
 
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
 
+
+def _default(value: object) -> object:
+    """A value JSON has no type for: an enum as its value, a tuple subclass (a namedtuple)
+    as a list, a float subclass as a float, anything else as ``str(value)``."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, float):
+        return float(value)
+    return str(value)
+
+
 #: One encoder for every record (``json.dumps`` with arguments builds one per call: about
 #: 1 µs of a log call here); ``encode()`` keeps no state between calls, so threads share it.
-#: Values JSON cannot encode are sent as ``str(value)``.
-ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
+#: Compact, as orjson writes.
+ENCODER = json.JSONEncoder(default=_default, ensure_ascii=False, separators=(",", ":"))
+
+
+def dumps_json(doc: Mapping[str, Any]) -> bytes:
+    """A document as UTF-8 JSON, with the standard library. A lone surrogate (undecodable
+    bytes of a file name or argv, surrogate-escaped by Python) becomes its JSON escape
+    \\udcXX, which decodes back to the same text."""
+    return ENCODER.encode(doc).encode("utf-8", "backslashreplace")
+
+
+if orjson is not None:
+    # Datetimes and dataclasses go to _default (str()), as with json; orjson's own forms
+    # of them would change what a field holds depending on the install.
+    _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+    def dumps_orjson(doc: Mapping[str, Any]) -> bytes:
+        """The same fields as :func:`dumps_json`, with orjson. What orjson refuses (a lone
+        surrogate, a key that is not a str, an int beyond 64 bits, nesting deeper than 254)
+        is written by :func:`dumps_json`. One difference: NaN and ±Infinity are written as
+        ``null`` (strict JSON), where json writes ``NaN``/``Infinity``."""
+        try:
+            return orjson.dumps(doc, default=_default, option=_ORJSON_OPTIONS)
+        except orjson.JSONEncodeError:
+            return dumps_json(doc)
+
+
+#: What the adapters write a record with: orjson when it is installed, else json.
+dumps: Callable[[Mapping[str, Any]], bytes] = dumps_orjson if orjson is not None else dumps_json
 
 
 def utc_now_iso() -> str:
@@ -85,9 +131,7 @@ class JsonSender:
         try:
             if self.static_fields:
                 doc.update(self.static_fields)
-            # A lone surrogate (undecodable bytes of a file name or argv, surrogate-escaped
-            # by Python) becomes its JSON escape \udcXX, which decodes back to the same text.
-            value = ENCODER.encode(doc).encode("utf-8", "backslashreplace")
+            value = dumps(doc)
             self.producer.send(value, key=key)
             return value
         except Exception:

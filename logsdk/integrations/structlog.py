@@ -31,7 +31,8 @@ from typing import Any
 
 import structlog
 
-from logsdk.integrations._sender import ENCODER, JsonSender, is_sdk_logger, utc_now_iso
+from logsdk.integrations import _sender
+from logsdk.integrations._sender import JsonSender, is_sdk_logger, utc_now_iso
 from logsdk.producer import LogProducer
 
 EventDict = MutableMapping[str, Any]
@@ -120,7 +121,7 @@ class KafkaRenderer(KafkaProcessor):
             raise structlog.DropEvent
         if sent is None:  # not sent (an SDK event, or a failure): still printed
             try:
-                return ENCODER.encode(_public(event_dict))
+                return _sender.dumps(_public(event_dict)).decode()
             except Exception as exc:  # e.g. a value that contains itself: never raised
                 return json.dumps({"event": "unserialisable event", "error": repr(exc)})
         return sent.decode()
