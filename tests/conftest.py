@@ -35,3 +35,24 @@ class InterruptAfterProduce:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
+
+
+#: Tests of 15 s to 90 s each (`--durations`): collected first, so that the two xdist
+#: workers share them at the start instead of one worker running them at the end while
+#: the other has nothing left to do (that tail was 2-3 minutes of make test).
+_LONG_FIRST = (
+    "tests/fault/test_chaos.py",
+    "tests/packaging/",
+    "tests/integration/test_benchmarks.py",
+    "tests/spark/",
+)
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    def rank(item: Any) -> int:
+        for i, prefix in enumerate(_LONG_FIRST):
+            if item.nodeid.startswith(prefix):
+                return i
+        return len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: the order inside each group is kept

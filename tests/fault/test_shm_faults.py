@@ -302,7 +302,7 @@ def test_sigkill_at_random_points_twenty_times_ring_always_recovers(tmp_path: Pa
         assert not info.owner_alive
         p = LogProducer(dead, "t", spool, buffer="shm", shm_bytes=256 * 1024, **FAST)
         assert p.stats()["shm_recovered"] == info.pending
-        p.close(timeout=5)
+        p.close(timeout=0)  # Kafka is down: nothing to wait for; the ring goes to the spool
         assert name not in list_segments()
         conn = sqlite3.connect(spool / "spool.db")
         try:

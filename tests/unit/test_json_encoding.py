@@ -198,7 +198,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), json_values, max_size=6))
 def test_any_json_document_reads_back_the_same_from_both(doc: dict[str, Any]) -> None:
     assert _read(_sender.dumps_orjson(doc)) == _read(_sender.dumps_json(doc))
