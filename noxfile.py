@@ -51,7 +51,7 @@ def tests(session: nox.Session) -> None:
     session.run(
         "pytest",
         "-n",
-        "2",
+        "4",  # as make test's non-fault stage: the tests wait on brokers more than they compute
         "-m",
         "not fault and not spark and not mock_cluster",
         "-p",
