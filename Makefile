@@ -22,10 +22,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The full suite on the main Python (.venv), two tests at a time (xdist; each starts its
-# own brokers on free ports): the fault tests (kills, pauses, cuts) in a run of their own,
-# apart from the CPU-heavy rest; then the unit and integration suites on the other
-# supported Pythons (noxfile.py).
+# The full suite on the main Python (.venv), several tests at a time (xdist; each worker
+# starts its own brokers on free ports): the fault tests (kills, pauses, cuts) in a run of
+# their own, apart from the CPU-heavy rest; then the unit and integration suites on the
+# other supported Pythons (noxfile.py).
 # The documentation site (docs/, mkdocs.yml): a broken link, a missing page or a setting
 # the configuration reference does not describe fails the build.
 docs: $(STAMP)
