@@ -37,9 +37,8 @@ class InterruptAfterProduce:
         return getattr(self.client, name)
 
 
-#: Tests of 15 s to 90 s each (`--durations`): collected first, so that the two xdist
-#: workers share them at the start instead of one worker running them at the end while
-#: the other has nothing left to do (that tail was 2-3 minutes of make test).
+#: Tests of 15 s to 90 s each (`--durations`): collected first, so that the xdist workers
+#: share them at the start and no worker is left alone with one at the end of a run.
 _LONG_FIRST = (
     "tests/fault/test_chaos.py",
     "tests/packaging/",
