@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
+from logsdk._resolver import resolver_ready
 from logsdk._types import ClientConfig
 from logsdk.consumer._fetcher import Fetcher, FetchSettings
 from logsdk.consumer._handler import Handler
@@ -237,6 +238,14 @@ class LogConsumer:
 
     def start(self) -> LogConsumer:
         """Connect, join the group and start the fetch thread and workers; returns self."""
+        if not resolver_ready():
+            # Its clients could never connect, and closing them would never return.
+            raise ConsumerError(
+                "no Kafka client can connect from this process: it was forked while a "
+                "thread of its parent was inside getaddrinfo() (see the error logged by "
+                "logsdk); start the consumer in a process started afresh (spawn), or fork "
+                "before threads start"
+            )
         with self._lock:
             if self._state != "new":
                 raise ConsumerError(f"start() on a consumer that is {self._state}; make a new one")

@@ -80,6 +80,18 @@ def new_producer(conf: ClientConfig, on_error: ErrorCallback) -> Producer:
         raise ConfigError(f"kafka_config refused by librdkafka: {exc}") from exc
 
 
+def purge_without_waiting(client: Producer) -> None:
+    """Purge every record ``client`` holds (queued and in flight) without waiting for its
+    broker threads: their PURGED reports come through poll() as usual. A blocking purge
+    waits, with no timeout, for every broker thread to answer, and one that cannot (see
+    :mod:`logsdk._resolver`) would hold the caller for ever.
+
+    confluent-kafka sets librdkafka's ``RD_KAFKA_PURGE_F_NON_BLOCKING`` when ``blocking``
+    is *true* (``Producer_purge``, up to 2.16 at least), hence ``blocking=True`` here;
+    tests/integration/test_client_purge.py reads librdkafka's own log line to pin it."""
+    client.purge(in_queue=True, in_flight=True, blocking=True)
+
+
 def check_config(conf: ClientConfig) -> None:
     """Raise :class:`ConfigError` now if librdkafka refuses ``conf`` (a client is built
     and let go), rather than in the pump thread once a client is first needed."""

@@ -259,7 +259,7 @@ class _InFlight(_Identity):
         if client is None:
             return
         try:
-            client.purge(in_queue=True, in_flight=True, blocking=False)
+            _client.purge_without_waiting(client)
         except KafkaException as exc:  # a fatal client may refuse; its reports still come
             log.warning("purge failed: %s", exc)
         deadline = time.monotonic() + _PURGE_WAIT_S

@@ -27,6 +27,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from logsdk._resolver import resolver_ready
 from logsdk.errors import LogSDKError, SpoolLockedError
 from logsdk.producer._core import State
 from logsdk.producer._pump import _Pump
@@ -174,6 +175,8 @@ class _Processes(_Pump):
         from logsdk.producer._producer import _SlotDrain
 
         cfg = self.config
+        if not resolver_ready(0):
+            return  # a drain could not deliver from this process; a later producer will
         for index in orphans(cfg.spool_dir, self._slot):
             path = slot_path(cfg.spool_dir, index)
             if not self._holds_records(index, path):

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaException
 
+from logsdk._resolver import resolver_ready
 from logsdk.errors import (
     ConfigError,
     LogSDKError,
@@ -156,7 +157,8 @@ class LogProducer(_Health):
         self._init_processes()
         # A kafka_config librdkafka refuses fails here, before the spool is opened, not in
         # the pump once a client is needed (a spool with leftovers makes that one later).
-        _client.check_config(self.config.librdkafka())
+        if resolver_ready():  # elsewhere a client built here could never be let go
+            _client.check_config(self.config.librdkafka())
         self._start()
         _LIVE.add(self)
 
@@ -216,6 +218,10 @@ class LogProducer(_Health):
             # ONLINE at once too): the pump starts replaying now; a failure degrades.
             self._state = State.DEGRADED
             self._want_recover = self._epoch
+        elif not resolver_ready():
+            # No client can connect from this process (logsdk._resolver): records go to
+            # the spool, and the health thread waits for the resolver, not for Kafka.
+            self._state = State.DEGRADED
         else:
             # Nothing to replay: start ONLINE and let the first failure degrade.
             self._client = self._new_client()
@@ -441,6 +447,8 @@ class LogProducer(_Health):
                     left = self._not_in_kafka()
                     if left == 0 or time.monotonic() >= deadline or not self._pump.is_alive():
                         return left
+                    if self._client is None and not resolver_ready(0):
+                        return left  # no client can connect from this process: in the spool
                     self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         finally:
             for p in (self, *drains):

@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from logsdk._resolver import resolver_ready
 from logsdk.producer._core import State
 from logsdk.producer._replay import _Replay
 
@@ -183,6 +184,8 @@ class _Pump(_Replay):
         self._spool_pending()  # what is already failed goes first
         if self._failed:
             return  # the disk refused them: stay DEGRADED (records in memory) and retry
+        if not resolver_ready(0):
+            return  # no client can connect from this process; the health thread re-asks
         self._client = self._new_client()
         self._connect(self._client)
         self._restart_replay()
