@@ -75,7 +75,8 @@ class _Health(_Processes):
                     )
                 elif state is State.ONLINE and now >= next_probe:
                     client = self._client
-                    ok = client is not None and _client.client_probe(
+                    # No client yet (nothing sent): nothing to probe through.
+                    ok = client is None or _client.client_probe(
                         client, self._topic, cfg.probe_timeout_s
                     )
                     bad = 0 if ok else bad + 1

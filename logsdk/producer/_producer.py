@@ -223,10 +223,11 @@ class LogProducer(_Health):
             # the spool, and the health thread waits for the resolver, not for Kafka.
             self._state = State.DEGRADED
         else:
-            # Nothing to replay: start ONLINE and let the first failure degrade.
-            self._client = self._new_client()
+            # Nothing to replay: start ONLINE and let the first failure degrade. The client
+            # is made for the first record (the pump, ``_drain_backlog_to_client``): a
+            # process that forks before it logs (gunicorn --preload's master) then has no
+            # librdkafka thread resolving a name at the fork (see logsdk._resolver).
             self._state = State.ONLINE
-            self._direct = True
         self._scan_slots()
         self._pump.start()
         self._health.start()

@@ -228,6 +228,10 @@ class _Pump(_Replay):
             # time made it queue behind send(), which holds it most of the time. Only send()
             # and the pump change _direct; a send() that just turned it off sets _wake.
             return False
+        if self._client is None:
+            if not self._backlog:
+                return False  # nothing sent yet: no client yet
+            self._client = self._new_client()
         with self._lock:
             if self._direct or not self._backlog:
                 if not self._direct and not self._backlog:

@@ -180,3 +180,29 @@ def test_producers_take_the_lowest_free_slot(
         for p in ps:
             p.close()
     assert sorted(os.listdir(tmp_path / "slots")) == ["1", "2"]
+
+
+def _librdkafka_threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names.append(f.read().strip())
+    return [n for n in names if n.startswith("rdk:")]
+
+
+def test_a_producer_that_has_sent_nothing_runs_no_librdkafka_thread(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """What a gunicorn --preload master forks with, when it does not log: no librdkafka
+    thread that could hold glibc's resolver lock at the fork (tests/fault/
+    test_fork_resolver.py shows the child such a thread leaves). The first record makes
+    the client, and it is delivered."""
+    topic = fresh_topic(1)
+    before = _librdkafka_threads()
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        assert p.flush(5) == 0
+        assert _librdkafka_threads() == before
+        p.send(b"first")
+        assert p.flush(30) == 0
+        assert len(_librdkafka_threads()) > len(before)
+    assert [m.value() for m in read_topic(kafka_broker.bootstrap_servers, topic)] == [b"first"]
