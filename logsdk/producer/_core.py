@@ -132,6 +132,8 @@ class _Core:
     # -- _process: fork, slots, exit --
     # Set in a child forked after this producer started: its first use starts afresh.
     _stale: bool
+    # Set until the first send() (of this process) has run ``_warm_up``.
+    _cold: bool
     _restart_lock: threading.Lock
     _slot: int  # the slot of spool_dir this producer holds
     # Producers delivering what free slots of spool_dir hold (see _drain_orphans).

@@ -108,6 +108,7 @@ class _Processes(_Pump):
         for d in self._drains:
             _bury(d)
         self._stale = True
+        self._cold = True
         # The parent's locks may have been held by one of its threads at the fork.
         self._restart_lock = threading.Lock()
         self._drains_lock = threading.Lock()

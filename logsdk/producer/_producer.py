@@ -224,13 +224,30 @@ class LogProducer(_Health):
             self._state = State.DEGRADED
         else:
             # Nothing to replay: start ONLINE and let the first failure degrade. The client
-            # is made for the first record (the pump, ``_drain_backlog_to_client``): a
-            # process that forks before it logs (gunicorn --preload's master) then has no
-            # librdkafka thread resolving a name at the fork (see logsdk._resolver).
+            # is made by the first send() (``_warm_up``), which then goes direct: a process
+            # that forks before it logs (gunicorn --preload's master) has no librdkafka
+            # thread resolving a name at the fork (see logsdk._resolver).
             self._state = State.ONLINE
+        self._cold = True
         self._scan_slots()
         self._pump.start()
         self._health.start()
+
+    def _warm_up(self) -> None:
+        """Before the first record: start afresh in a forked child, and make the client of
+        a producer that started ONLINE, so that send() goes direct from its first record."""
+        if self._stale:
+            self._restart_in_child()
+        with self._restart_lock:
+            if not self._cold:
+                return
+            if self._client is None and self._state is State.ONLINE and not self._closing:
+                client = self._new_client()
+                with self._lock:
+                    self._client = client
+                    if self._state is State.ONLINE and not self._backlog:
+                        self._direct = True
+            self._cold = False
 
     def _open_spool(self) -> tuple[int, Spool]:
         """Take the lowest free slot of ``spool_dir`` (see :mod:`logsdk.spool._slots`)."""
@@ -258,8 +275,8 @@ class LogProducer(_Health):
         :class:`~logsdk.errors.RecordTooLargeError` above ``message_max_bytes`` and,
         only when Kafka is unavailable and the spool is full, per ``when_full``.
         """
-        if self._stale:  # first use in a forked child
-            self._restart_in_child()
+        if self._cold:  # the first record (of this process)
+            self._warm_up()
         v = value if type(value) is bytes else _to_bytes(value, "value")
         k = key if (key is None or type(key) is bytes) else _to_bytes(key, "key")
         h = None if headers is None else _user_headers(headers)

@@ -229,9 +229,7 @@ class _Pump(_Replay):
             # and the pump change _direct; a send() that just turned it off sets _wake.
             return False
         if self._client is None:
-            if not self._backlog:
-                return False  # nothing sent yet: no client yet
-            self._client = self._new_client()
+            return False  # not made yet: send() makes it with the first record
         with self._lock:
             if self._direct or not self._backlog:
                 if not self._direct and not self._backlog:
