@@ -58,12 +58,12 @@ def _run_probe(done: threading.Event) -> None:
         )
 
 
-def resolver_ready(wait: float = PROBE_WAIT_S) -> bool:
+def resolver_ready() -> bool:
     """True when librdkafka can resolve broker addresses in this process.
 
     Always True in a process that was not forked. In a forked process the first call
-    starts the probe and waits up to ``wait`` seconds for it; later calls do not wait.
-    The first False is logged as an error, with what to do about it.
+    (from whichever thread) starts the probe and waits up to ``PROBE_WAIT_S`` for it;
+    later calls do not wait. The first False is logged as an error, with what to do.
     """
     global _probe, _said
     if not _forked:
@@ -76,7 +76,7 @@ def resolver_ready(wait: float = PROBE_WAIT_S) -> bool:
             threading.Thread(
                 target=_run_probe, args=(probe,), name="logsdk-resolver-check", daemon=True
             ).start()
-    if probe.wait(wait if first else 0):
+    if probe.wait(PROBE_WAIT_S if first else 0):
         return True
     with _lock:
         say, _said = not _said, True

@@ -89,7 +89,7 @@ class _Health(_Processes):
                 if self._epoch != epoch:  # a new outage: earlier probes do not count
                     epoch, good, bad, backoff = self._epoch, 0, 0, _BACKOFF_START_S
                 # A probe is a client too: none where it could never be let go.
-                if resolver_ready(0) and _client.probe(
+                if resolver_ready() and _client.probe(
                     cfg.probe_config(), self._topic, self._probe_timeout()
                 ):
                     good += 1

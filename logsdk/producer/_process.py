@@ -176,7 +176,7 @@ class _Processes(_Pump):
         from logsdk.producer._producer import _SlotDrain
 
         cfg = self.config
-        if not resolver_ready(0):
+        if not resolver_ready():
             return  # a drain could not deliver from this process; a later producer will
         for index in orphans(cfg.spool_dir, self._slot):
             path = slot_path(cfg.spool_dir, index)

@@ -465,7 +465,7 @@ class LogProducer(_Health):
                     left = self._not_in_kafka()
                     if left == 0 or time.monotonic() >= deadline or not self._pump.is_alive():
                         return left
-                    if self._client is None and not resolver_ready(0):
+                    if self._client is None and not resolver_ready():
                         return left  # no client can connect from this process: in the spool
                     self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         finally:

@@ -184,7 +184,7 @@ class _Pump(_Replay):
         self._spool_pending()  # what is already failed goes first
         if self._failed:
             return  # the disk refused them: stay DEGRADED (records in memory) and retry
-        if not resolver_ready(0):
+        if not resolver_ready():
             return  # no client can connect from this process; the health thread re-asks
         self._client = self._new_client()
         self._connect(self._client)

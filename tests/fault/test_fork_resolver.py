@@ -69,7 +69,7 @@ def _fork_wedged(fn: Callable[[], dict[str, object]], attempts: int = 60) -> dic
                 code = 1
                 try:
                     signal.alarm(60)
-                    if resolver_ready(0.5):
+                    if resolver_ready():
                         code = _RETRY
                     else:
                         os.write(w, json.dumps(fn()).encode())
@@ -164,4 +164,4 @@ def test_wedged_child_refuses_a_consumer_with_a_clear_error(
 
 def test_a_process_not_forked_needs_no_probe() -> None:
     """The check costs nothing where no lock can have been inherited."""
-    assert resolver_ready(0)
+    assert resolver_ready()
