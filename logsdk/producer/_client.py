@@ -13,6 +13,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
+from logsdk._resolver import resolver_ready
 from logsdk._types import ClientConfig
 from logsdk.errors import ConfigError
 
@@ -94,12 +95,19 @@ def purge_without_waiting(client: Producer) -> None:
 
 def check_config(conf: ClientConfig) -> None:
     """Raise :class:`ConfigError` now if librdkafka refuses ``conf`` (a client is built
-    and let go), rather than in the pump thread once a client is first needed."""
+    and let go), rather than in the pump thread once a client is first needed. Skipped
+    where no client can connect (:mod:`logsdk._resolver`): one built there could never
+    be let go."""
+    if not resolver_ready():
+        return
     new_producer(conf, lambda err: None)
 
 
 def probe(conf: ClientConfig, topic: str, timeout: float) -> bool:
-    """One health probe: a fresh client asks for metadata; True when a leader answers."""
+    """One health probe: a fresh client asks for metadata; True when a leader answers.
+    False at once where no client can connect (:mod:`logsdk._resolver`)."""
+    if not resolver_ready():
+        return False
     full: dict[str, Any] = dict(conf)
     full["logger"] = rdlog
     full.setdefault("socket.connection.setup.timeout.ms", max(1000, int(timeout * 1000)))

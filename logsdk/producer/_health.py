@@ -21,7 +21,6 @@ import random
 import threading
 import time
 
-from logsdk._resolver import resolver_ready
 from logsdk.producer import _client
 from logsdk.producer._core import State
 from logsdk.producer._process import _Processes
@@ -88,10 +87,7 @@ class _Health(_Processes):
             elif state is State.DEGRADED:
                 if self._epoch != epoch:  # a new outage: earlier probes do not count
                     epoch, good, bad, backoff = self._epoch, 0, 0, _BACKOFF_START_S
-                # A probe is a client too: none where it could never be let go.
-                if resolver_ready() and _client.probe(
-                    cfg.probe_config(), self._topic, self._probe_timeout()
-                ):
+                if _client.probe(cfg.probe_config(), self._topic, self._probe_timeout()):
                     good += 1
                     backoff = _BACKOFF_START_S
                     if good >= cfg.recovery_probes:

@@ -157,8 +157,7 @@ class LogProducer(_Health):
         self._init_processes()
         # A kafka_config librdkafka refuses fails here, before the spool is opened, not in
         # the pump once a client is needed (a spool with leftovers makes that one later).
-        if resolver_ready():  # elsewhere a client built here could never be let go
-            _client.check_config(self.config.librdkafka())
+        _client.check_config(self.config.librdkafka())
         self._start()
         _LIVE.add(self)
 
