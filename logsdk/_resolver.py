@@ -23,6 +23,8 @@ import os
 import socket
 import threading
 
+from logsdk._fork import at_fork_in_child
+
 log = logging.getLogger("logsdk")
 
 #: How long the first check in a forked process waits for its probe (a healthy one
@@ -43,7 +45,7 @@ def _after_fork_in_child() -> None:
     _said = False
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)
 
 
 def _run_probe(done: threading.Event) -> None:

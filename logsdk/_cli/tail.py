@@ -231,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
         TopicPartition,
     )
 
+    from logsdk import _fork
+
     pattern = None
     if args.grep is not None:
         try:
@@ -262,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         conf["enable.auto.commit"] = False
     conf.update(kafka_config(args))
     try:
-        consumer = Consumer(conf)
+        consumer = _fork.Consumer(conf)
     except KafkaException as exc:
         raise UsageError(f"bad Kafka setting: {exc}") from exc
     printed = 0

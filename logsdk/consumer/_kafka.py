@@ -26,6 +26,7 @@ from confluent_kafka import (
 )
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from logsdk import _fork
 from logsdk._types import ClientConfig
 from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 from logsdk.errors import ConsumerError, DeadLetterError
@@ -152,7 +153,7 @@ class KafkaConsumerClient:
         self.last_error: str | None = None
         self._only_topic: str | None = None  # set by subscribe() for one topic by name
         try:
-            self._consumer = Consumer(dict(config))
+            self._consumer = _fork.Consumer(dict(config))
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConsumerError(f"bad kafka_config for the consumer: {exc}") from exc
 
@@ -336,7 +337,7 @@ class DeadLetterProducer:
 
     def __init__(self, config: ClientConfig) -> None:
         try:
-            self._producer = Producer(dict(config))
+            self._producer: Producer | None = _fork.Producer(dict(config))
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConsumerError(f"bad kafka_config for the dead-letter producer: {exc}") from exc
 
@@ -349,20 +350,23 @@ class DeadLetterProducer:
         timeout: float,
     ) -> None:
         """Produce one record and wait for its acknowledgement, up to ``timeout`` seconds."""
+        producer = self._producer
+        if producer is None:
+            raise DeadLetterError(f"could not write to dead-letter topic {topic!r}: closed")
         result: list[KafkaError | None] = []
 
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
             result.append(err)
 
         try:
-            self._producer.produce(
+            producer.produce(
                 topic,
                 value,
                 key,
                 headers=list[tuple[str, str | bytes | None]](headers),
                 on_delivery=on_delivery,
             )
-            self._producer.flush(timeout)
+            producer.flush(timeout)
         except (KafkaException, BufferError) as exc:
             raise DeadLetterError(f"could not write to dead-letter topic {topic!r}: {exc}") from exc
         if not result:
@@ -373,4 +377,8 @@ class DeadLetterProducer:
             raise DeadLetterError(f"dead-letter topic {topic!r} rejected a record: {result[0]}")
 
     def close(self, timeout: float = 5.0) -> None:
-        self._producer.flush(timeout)
+        """Wait up to ``timeout`` for what is in flight, then free the client and its
+        threads (a client left to the garbage collector would run on until collected)."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(timeout)

@@ -12,8 +12,9 @@ from typing import Any, NoReturn
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
+from confluent_kafka.admin import ConfigResource, ResourceType  # type: ignore[attr-defined]
 
+from logsdk._fork import AdminClient
 from logsdk._types import ClientConfig
 from logsdk.errors import PlacementApplyError, PlacementError
 from logsdk.placement._metrics import AssignmentLike

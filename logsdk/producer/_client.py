@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient
 
+from logsdk import _fork
 from logsdk._resolver import resolver_ready
 from logsdk._types import ClientConfig
 from logsdk.errors import ConfigError
@@ -76,7 +76,7 @@ def new_producer(conf: ClientConfig, on_error: ErrorCallback) -> Producer:
     full["error_cb"] = on_error
     full["logger"] = rdlog
     try:
-        return Producer(full)
+        return _fork.Producer(full)
     except (KafkaException, ValueError, TypeError) as exc:
         raise ConfigError(f"kafka_config refused by librdkafka: {exc}") from exc
 
@@ -111,7 +111,7 @@ def probe(conf: ClientConfig, topic: str, timeout: float) -> bool:
     full: dict[str, Any] = dict(conf)
     full["logger"] = rdlog
     full.setdefault("socket.connection.setup.timeout.ms", max(1000, int(timeout * 1000)))
-    admin = AdminClient(full)
+    admin = _fork.AdminClient(full)
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException:

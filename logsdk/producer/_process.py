@@ -4,7 +4,7 @@ Invariants owned here:
 - a producer used in a forked child starts afresh there at its first use (its own slot,
   producer id, seqs, spool, ring, client and threads); what it inherited from the parent
   (a client whose threads did not survive the fork, the parent's SQLite connections,
-  lock and ring) is never used, closed or freed in the child (``_bury``): the parent's
+  lock and ring) is never used, closed or freed in the child (``bury``): the parent's
   records stay the parent's;
 - every live process holds its own slot of ``spool_dir``; a free slot that still holds
   records (its process died, was recycled, or closed before Kafka took everything) is
@@ -18,7 +18,6 @@ Invariants owned here:
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import os
 import sys
@@ -27,6 +26,7 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from logsdk._fork import at_fork_in_child, bury
 from logsdk._resolver import resolver_ready
 from logsdk.errors import LogSDKError, SpoolLockedError
 from logsdk.producer._core import State
@@ -41,11 +41,6 @@ log = logging.getLogger("logsdk.producer")
 
 #: Every producer not yet closed, so a forked child can mark the ones it inherited.
 _LIVE: weakref.WeakSet[_Processes] = weakref.WeakSet()
-#: What a forked child inherited from a producer of its parent: the librdkafka client
-#: (its threads did not survive the fork: any call, its destructor included, can hang),
-#: the spool's SQLite connections and lock (closing them could disturb the parent's
-#: files), the shm mapping. Never used again, never freed, even at interpreter exit.
-_GRAVE: list[object] = []
 #: Producers closed when the process leaves, with the timeout each delivers within.
 _AT_EXIT: weakref.WeakKeyDictionary[LogProducer, float] = weakref.WeakKeyDictionary()
 #: The pid in which a Finalize callback is registered, per pool module (a Finalize only
@@ -55,20 +50,12 @@ _pool_hooked: dict[str, int] = {}
 _atexit_hooked = False
 
 
-def _bury(obj: object) -> None:
-    """Keep ``obj`` alive for the life of the process, finalisation included."""
-    if obj is None:
-        return
-    _GRAVE.append(obj)
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
-
-
 def _after_fork_in_child() -> None:
     for p in list(_LIVE):
         p._forked()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)
 
 
 def _close_all_at_exit() -> None:
@@ -104,9 +91,9 @@ class _Processes(_Pump):
         parent's. Buried now, so that dropping the producer can never free them; its first
         use in the child starts afresh (``_restart_in_child``)."""
         for obj in (self._client, self._spool, self._shm, *(z for z, _ in self._zombies)):
-            _bury(obj)
+            bury(obj)
         for d in self._drains:
-            _bury(d)
+            bury(d)
         self._stale = True
         self._cold = True
         # The parent's locks may have been held by one of its threads at the fork.

@@ -9,14 +9,14 @@ from collections.abc import Mapping
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    Consumer,
     KafkaError,
     KafkaException,
     Message,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
+from logsdk._fork import AdminClient, Consumer
 from logsdk._types import ClientConfig
 from logsdk.errors import BrokerError, ConfigError
 

@@ -615,13 +615,11 @@ class EmbeddedBroker:
 
     def _wait_metadata(self, child: _Child, deadline: float) -> None:
         # Asked of the broker's own port, so a cut proxy does not block a restart.
-        from confluent_kafka.admin import AdminClient
+        from logsdk._fork import AdminClient
 
         quiet = logging.getLogger("logsdk.testing.broker.librdkafka")
         quiet.setLevel(logging.CRITICAL)
-        admin = AdminClient(
-            {"bootstrap.servers": f"127.0.0.1:{self._port}", "logger": quiet}  # type: ignore[dict-item]
-        )
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{self._port}", "logger": quiet})
         last: BaseException | None = None
         while time.monotonic() < deadline:
             if not child.alive():

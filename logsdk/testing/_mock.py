@@ -40,8 +40,8 @@ from types import TracebackType
 from typing import Literal
 
 import confluent_kafka  # loads librdkafka
-from confluent_kafka.admin import AdminClient
 
+from logsdk._fork import AdminClient
 from logsdk._types import ClientConfig
 from logsdk.errors import BrokerStartError
 from logsdk.testing._broker import role_config
