@@ -187,9 +187,12 @@ def test_producers_take_the_lowest_free_slot(
 def _librdkafka_threads() -> list[str]:
     names = []
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            names.append(f.read().strip())
-    return [n for n in names if n.startswith("rdk:")]
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
+    return sorted(n for n in names if n.startswith("rdk:"))
 
 
 def test_a_producer_that_has_sent_nothing_runs_no_librdkafka_thread(
