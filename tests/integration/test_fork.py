@@ -8,6 +8,7 @@ import gc
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -280,4 +281,5 @@ def test_a_stopped_consumer_leaves_no_librdkafka_thread(
     ).start()
     assert len(_librdkafka_threads()) > len(before)
     c.stop(30)
-    assert _librdkafka_threads() == before
+    # None of the consumer's is left (another test's client may have ended meanwhile).
+    assert Counter(_librdkafka_threads()) - Counter(before) == Counter()
