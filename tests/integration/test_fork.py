@@ -227,6 +227,17 @@ def _churn_threads(n: int = 50) -> None:
         t.join()
 
 
+def _consumer_with_dead_letters(bootstrap_servers: str, topic: str) -> LogConsumer:
+    """A started consumer with a dead-letter topic: librdkafka's consumer and producer."""
+    return LogConsumer(
+        bootstrap_servers,
+        f"group-{topic}",
+        [topic],
+        lambda r: None,
+        dead_letter_topic=f"{topic}-dlt",
+    ).start()
+
+
 def test_a_child_collects_the_garbage_its_parent_left_without_crashing(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
@@ -240,13 +251,7 @@ def test_a_child_collects_the_garbage_its_parent_left_without_crashing(
     was_enabled = gc.isenabled()
     gc.disable()  # the cycle below stays uncollected until the forks, as it did in CI
     try:
-        c = LogConsumer(
-            kafka_broker.bootstrap_servers,
-            f"fork-{topic}",
-            [topic],
-            lambda r: None,
-            dead_letter_topic=f"{topic}-dlt",
-        ).start()
+        c = _consumer_with_dead_letters(kafka_broker.bootstrap_servers, topic)
         c.stop(30)
         assert c.error is None
         cycle: list[object] = [c]
@@ -272,13 +277,7 @@ def test_a_stopped_consumer_leaves_no_librdkafka_thread(
     topic = fresh_topic(1)
     gc.collect()
     before = _librdkafka_threads()
-    c = LogConsumer(
-        kafka_broker.bootstrap_servers,
-        f"stop-{topic}",
-        [topic],
-        lambda r: None,
-        dead_letter_topic=f"{topic}-dlt",
-    ).start()
+    c = _consumer_with_dead_letters(kafka_broker.bootstrap_servers, topic)
     assert len(_librdkafka_threads()) > len(before)
     c.stop(30)
     # None of the consumer's is left (another test's client may have ended meanwhile).
