@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from logsdk import LogConsumer, LogProducer
+from logsdk._resolver import resolver_ready
 from logsdk.spool import Spool
 from logsdk.testing import check_delivery, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
@@ -84,7 +85,12 @@ def test_forked_child_sends_under_its_own_identity(
     def child() -> None:
         for i in range(100):
             p.send(b"child-%d" % i)
-        assert p.flush(30) == 0
+        left = p.flush(30)
+        # Forked while the parent's client was resolving a broker's address (about 2% of
+        # forks with first_send="before_fork" under load), the child cannot connect
+        # (logsdk._resolver; tests/fault/test_fork_resolver.py): its 100 records stay in
+        # its slot, flush() says so, and the parent's flush below delivers them.
+        assert left == 0 or (left == 100 and not resolver_ready())
         t0 = time.monotonic()
         p.close(10)
         s = p.stats()
