@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from logsdk import LogConsumer, LogProducer
-from logsdk._resolver import resolver_ready
 from logsdk.spool import Spool
 from logsdk.testing import check_delivery, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
@@ -71,7 +70,12 @@ def test_forked_child_sends_under_its_own_identity(
 ) -> None:
     """The parent sends (or not) before fork(); the child sends 100 and closes, quickly;
     the parent goes on sending and closes. Every record arrives once: 100 under the child's
-    producer id, the parent's under its own, no (producer, seq) pair shared."""
+    producer id, the parent's under its own, no (producer, seq) pair shared.
+
+    With "before_fork", the parent's client is connected (a first flush) and holds 100
+    records in flight at the fork. A fork while its threads start (connecting, seeding
+    their random generator) is another case: the child may find a lock held for ever
+    (docs/engineering/processes-and-shutdown.md; tests/fault/test_fork_resolver.py)."""
     topic = fresh_topic(2)
     p = LogProducer(
         kafka_broker.bootstrap_servers, topic, tmp_path, buffer=buffer, shm_bytes=1 << 20
@@ -80,24 +84,22 @@ def test_forked_child_sends_under_its_own_identity(
     if first_send == "before_fork":
         for i in range(100):
             p.send(b"parent-%d" % i)
+        assert p.flush(30) == 0
+        for i in range(100, 200):
+            p.send(b"parent-%d" % i)
     result = tmp_path / "child.txt"
 
     def child() -> None:
         for i in range(100):
             p.send(b"child-%d" % i)
-        left = p.flush(30)
-        # Forked while the parent's client was resolving a broker's address (about 2% of
-        # forks with first_send="before_fork" under load), the child cannot connect
-        # (logsdk._resolver; tests/fault/test_fork_resolver.py): its 100 records stay in
-        # its slot, flush() says so, and the parent's flush below delivers them.
-        assert left == 0 or (left == 100 and not resolver_ready())
+        assert p.flush(30) == 0
         t0 = time.monotonic()
         p.close(10)
         s = p.stats()
         result.write_text(f"{s['producer_id']} {s['slot']} {s['sent']} {time.monotonic() - t0}")
 
     pid = _in_child(child)
-    for i in range(100, 200):
+    for i in range(200, 300):
         p.send(b"parent-%d" % i)
     assert _wait(pid) == 0
     assert p.flush(30) == 0
@@ -108,7 +110,7 @@ def test_forked_child_sends_under_its_own_identity(
     assert float(close_s) < 5.0
     msgs = read_topic(kafka_broker.bootstrap_servers, topic)
     rep = check_delivery(msgs)
-    n_parent = 200 if first_send == "before_fork" else 100
+    n_parent = 300 if first_send == "before_fork" else 100
     assert rep.unique == n_parent + 100
     assert rep.duplicates == 0
     assert rep.missing(child_id, range(100)) == []
