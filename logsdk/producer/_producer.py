@@ -506,7 +506,16 @@ class LogProducer(_Health):
             self._stop.set()
             self._wake.set()
             self._health_wake.set()
-            self._health.join(10)
+            # A probe under way ends within its timeout (``_probe_timeout``: probe_timeout_s,
+            # or what close() has left); one that does not (its client's threads wedged by
+            # a lock held at a fork) is left behind.
+            left = max(0.0, deadline - time.monotonic())
+            self._health.join(max(left, self.config.probe_timeout_s) + 1.0)
+            if self._health.is_alive():
+                log.warning(
+                    "close(): a health probe of this producer did not end by the deadline; "
+                    "closing without it"
+                )
             with self._drains_lock:
                 for d in self._drains:
                     d.close(max(0.0, deadline - time.monotonic()))
