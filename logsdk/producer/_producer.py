@@ -481,7 +481,8 @@ class LogProducer(_Health):
         committed to the spool, and the log says how many and where (a warning). ``None``
         waits up to 60 s. A second call (from any thread) waits for the first one to end.
 
-        It also waits for a health probe under way to end (bounded by what is left of
+        It also waits for a health probe under way to end (a probe lasts at most
+        ``probe_timeout_s``; one started by close() no longer than what is left of
         ``timeout``, at least 0.2 s), so that nothing of this producer talks to the
         cluster once it has returned (an abandoned probe of the topic could create it on
         a broker that comes up later: seen in a test).
