@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import weakref
 from collections.abc import Callable
@@ -97,7 +98,10 @@ def _after_fork_in_child() -> None:
             bury(client)
         _LIVE.clear()
         for fn in _CHILD_HOOKS:
-            fn()
+            try:
+                fn()
+            except Exception:  # a bug in one hook: the others still run
+                logging.getLogger("logsdk").exception("logsdk: an after-fork hook failed")
     finally:
         if _gc_was_enabled:
             gc.enable()
