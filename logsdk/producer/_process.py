@@ -4,8 +4,8 @@ Invariants owned here:
 - a producer used in a forked child starts afresh there at its first use (its own slot,
   producer id, seqs, spool, ring, client and threads); what it inherited from the parent
   (a client whose threads did not survive the fork, the parent's SQLite connections,
-  lock and ring) is never used, closed or freed in the child (``bury``): the parent's
-  records stay the parent's;
+  lock and ring) is never used, closed or freed in the child (``bury``; the clients by
+  ``logsdk._fork``): the parent's records stay the parent's;
 - every live process holds its own slot of ``spool_dir``; a free slot that still holds
   records (its process died, was recycled, or closed before Kafka took everything) is
   delivered by a drain producer on that slot, under the slot's own producer id and seqs,
@@ -89,8 +89,9 @@ class _Processes(_Pump):
     def _forked(self) -> None:
         """In a child just forked (one thread runs): all this producer runs on is the
         parent's. Buried now, so that dropping the producer can never free them; its first
-        use in the child starts afresh (``_restart_in_child``)."""
-        for obj in (self._client, self._spool, self._shm, *(z for z, _ in self._zombies)):
+        use in the child starts afresh (``_restart_in_child``). Its clients, current and
+        retired, are kept by :mod:`logsdk._fork` with every other client alive at the fork."""
+        for obj in (self._spool, self._shm):
             bury(obj)
         for d in self._drains:
             bury(d)
