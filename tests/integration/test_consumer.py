@@ -402,6 +402,8 @@ def test_process_executor_exactly_once(
         )
         with c:
             wait_until(lambda: sink.count() >= n, 90, "all records stored", step=0.1)
+            # A child stores its batch before its result reaches this process's counters.
+            wait_until(lambda: c.stats()["processed"] >= n, 30, "all counted", step=0.05)
             assert c.stats()["processed"] == n
         rows = _sink_rows(db)
     assert sorted(rows) == sorted({(i % 2, i // 2) for i in range(n)})
