@@ -70,9 +70,11 @@ class _Ticket(int):
         p._free.append(self)  # the record is out of the table: the ticket may serve again
         # _on_delivery()'s ack path, inlined (no chain of unconfirmed reports under way)
         if err is None and not p._dupseq and msg.offset() is not None:
-            p._n_acked += 1  # _polled() notes the time of the progress, once per poll
+            # Settled before counted: flush() reads the count, and what it saw acknowledged
+            # is no longer pending in the ring.
             if p._shm is not None:
                 p._shm.settle(rec[5])
+            p._n_acked += 1  # _polled() notes the time of the progress, once per poll
             return
         p._on_delivery(rec, err, msg)
 
@@ -177,9 +179,9 @@ class _InFlight(_Identity):
     def _on_delivery(self, rec: Rec, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             if not self._unconfirmed(msg):
-                self._n_acked += 1
                 if self._shm is not None:
                     self._shm.settle(rec[5])
+                self._n_acked += 1
                 return
             # Unconfirmed: a delivery that possibly persisted the record; spooled, resent.
             self._failed.append(rec)
