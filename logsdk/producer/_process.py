@@ -18,13 +18,14 @@ Invariants owned here:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
 import threading
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from logsdk._fork import at_fork_in_child, bury
 from logsdk._resolver import resolver_ready
@@ -50,6 +51,16 @@ _pool_hooked: dict[str, int] = {}
 _atexit_hooked = False
 
 
+class _Rehook:
+    """The object a pool module's after-fork registry holds (weakly) for us."""
+
+
+#: Kept alive for the after-fork registries; which modules have it registered (a forked
+#: child inherits both the registration and this set; a spawned one starts without).
+_REHOOK = _Rehook()
+_rehook_registered: set[str] = set()
+
+
 def _after_fork_in_child() -> None:
     for p in list(_LIVE):
         p._forked()
@@ -68,13 +79,38 @@ def _close_all_at_exit() -> None:
 
 def _hook_pool_exit() -> None:
     """Have multiprocessing's and billiard's exit run ``_close_all_at_exit`` in this
-    process (their children leave through ``os._exit``: no atexit)."""
+    process (their children leave through ``os._exit``: no atexit).
+
+    A child's bootstrap empties the Finalize registry after a spawned or forkserver child
+    has imported the main module (where a handler configured at import registered its
+    hook) and then runs the after-fork callbacks: ours registers the hook again there."""
     pid = os.getpid()
-    for name in ("multiprocessing.util", "billiard.util"):
-        finalize = getattr(sys.modules.get(name), "Finalize", None)
-        if finalize is not None and _pool_hooked.get(name) != pid:
+    for name, util in _pool_modules():
+        if _pool_hooked.get(name) != pid:
             _pool_hooked[name] = pid
-            finalize(None, _close_all_at_exit, exitpriority=10)
+            util.Finalize(None, _close_all_at_exit, exitpriority=10)
+        if name not in _rehook_registered:
+            _rehook_registered.add(name)
+            util.register_after_fork(_REHOOK, functools.partial(_rehook_after_bootstrap, name))
+
+
+def _pool_modules() -> list[tuple[str, Any]]:
+    """multiprocessing's util module and billiard's, where loaded; billiard's only if it
+    keeps registries of its own (billiard 4 uses multiprocessing's)."""
+    out: list[tuple[str, Any]] = []
+    for name in ("multiprocessing.util", "billiard.util"):
+        util = sys.modules.get(name)
+        finalize = getattr(util, "Finalize", None)
+        if finalize is not None and all(u.Finalize is not finalize for _, u in out):
+            out.append((name, util))
+    return out
+
+
+def _rehook_after_bootstrap(name: str, _obj: _Rehook) -> None:
+    """In a pool module's child, right after its bootstrap emptied the Finalize registry."""
+    _pool_hooked.pop(name, None)
+    if len(_AT_EXIT):
+        _hook_pool_exit()
 
 
 class _Processes(_Pump):

@@ -224,12 +224,13 @@ _POOL = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_multiprocessing_pool_delivers_every_task_line(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path, method: str
 ) -> None:
-    """multiprocessing.Pool(4) with fork and with spawn, tasks logging through a handler
-    set up at module level: every one of 1000 task lines arrives."""
+    """multiprocessing.Pool(4) with fork, spawn and forkserver (the default on Linux from
+    Python 3.14), tasks logging through a handler set up at module level: every one of
+    1000 task lines arrives. A forkserver child leaves through ``os._exit`` (no atexit)."""
     topic = fresh_topic(2)
     script = tmp_path / "pool_app.py"
     script.write_text(_POOL)
