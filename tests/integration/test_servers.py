@@ -53,16 +53,23 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) ->
     raise AssertionError(f"nothing listens on port {port} after {timeout}s")
 
 
-def _get(port: int, rid: int) -> bool:
-    """One request; True when it was answered 200 (False: the worker died under it)."""
+def _get(port: int, rid: int, failures: list[str] | None = None) -> bool:
+    """One request; True when it was answered 200 (False: the worker died under it).
+    A failure is described in ``failures``: what, after how long, at what time."""
+    t0 = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request("GET", f"/?{rid}")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
+        status = conn.getresponse().status
+        what = f"status {status}"
+    except (OSError, http.client.HTTPException) as exc:
+        status, what = 0, repr(exc)
     finally:
         conn.close()
+    if status != 200 and failures is not None:
+        took = time.monotonic() - t0
+        failures.append(f"rid {rid}: {what} after {took:.1f}s, at {time.strftime('%H:%M:%S')}")
+    return status == 200
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float) -> float:
@@ -127,9 +134,10 @@ def test_gunicorn_recycled_workers_deliver_every_line(
         cmd.insert(1, "--preload")
     proc = server(cmd, _env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"))
     _wait_port(port, proc)
-    answered = [rid for rid in range(3000) if _get(port, rid)]
+    failures: list[str] = []
+    answered = [rid for rid in range(3000) if _get(port, rid, failures)]
     took = _stop(proc, 30)
-    assert len(answered) == 3000
+    assert len(answered) == 3000, failures
     assert took < 10, took
     got = _rids(kafka_broker.bootstrap_servers, topic)
     assert set(got) == {str(r) for r in range(3000)}
@@ -184,10 +192,11 @@ def test_uvicorn_workers_deliver_every_line(
            "warning", "--timeout-graceful-shutdown", "20", "asgi_app:app"]  # fmt: skip
     proc = server(cmd, _env(broker.bootstrap_servers, topic, tmp_path / "spool"))
     _wait_port(port, proc)
-    answered = [rid for rid in range(1000) if _get(port, rid)]
+    failures: list[str] = []
+    answered = [rid for rid in range(1000) if _get(port, rid, failures)]
     broker.pause()
     try:
-        answered += [rid for rid in range(1000, 1200) if _get(port, rid)]
+        answered += [rid for rid in range(1000, 1200) if _get(port, rid, failures)]
         # SIGTERM while their lines wait; the broker is back 1 s later, while the
         # workers' shutdown (the handler's close) still waits for Kafka.
         threading.Timer(1.0, broker.resume).start()
@@ -195,7 +204,7 @@ def test_uvicorn_workers_deliver_every_line(
     finally:
         if broker.is_paused:
             broker.resume()
-    assert len(answered) == 1200
+    assert len(answered) == 1200, failures
     assert took < 10, took
     assert set(_rids(broker.bootstrap_servers, topic)) == {str(r) for r in range(1200)}
 
