@@ -55,9 +55,14 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) ->
 
 def _get(port: int, rid: int, failures: list[str] | None = None) -> bool:
     """One request; True when it was answered 200 (False: the worker died under it).
-    A failure is described in ``failures``: what, after how long, at what time."""
+    A failure is described in ``failures``: what, after how long, at what time.
+
+    Waits up to 30 s for the answer (gunicorn's own worker timeout): when every worker
+    recycles at once, a request waits in the listen queue while they deliver at exit
+    (``close_timeout`` 5 s) and their replacements import the app; CI once saw 1 of 3000
+    requests unanswered within 10 s, with all three workers recycled in the same second."""
     t0 = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         conn.request("GET", f"/?{rid}")
         status = conn.getresponse().status
