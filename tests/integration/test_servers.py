@@ -38,6 +38,9 @@ def _env(bootstrap: str, topic: str, spool: Path, buffer: str = "memory") -> dic
         "LOGSDK_SPOOL_DIR": str(spool),
         "LOGSDK_BUFFER": buffer,
         "PYTHONPATH": str(SERVERS),
+        # gunicorn 27's control socket goes here, not to one shared ~/.gunicorn/gunicorn.ctl
+        # that the servers of tests running at once would take from each other.
+        "XDG_RUNTIME_DIR": str(spool.parent),
     }
 
 
