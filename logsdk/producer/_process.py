@@ -89,9 +89,10 @@ def _hook_pool_exit() -> None:
         if _pool_hooked.get(name) != pid:
             _pool_hooked[name] = pid
             util.Finalize(None, _close_all_at_exit, exitpriority=10)
-        if name not in _rehook_registered:
+        register = getattr(util, "register_after_fork", None)
+        if register is not None and name not in _rehook_registered:
             _rehook_registered.add(name)
-            util.register_after_fork(_REHOOK, functools.partial(_rehook_after_bootstrap, name))
+            register(_REHOOK, functools.partial(_rehook_after_bootstrap, name))
 
 
 def _pool_modules() -> list[tuple[str, Any]]:
