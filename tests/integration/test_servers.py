@@ -217,6 +217,27 @@ def test_uvicorn_workers_deliver_every_line(
     assert set(_rids(broker.bootstrap_servers, topic)) == {str(r) for r in range(1200)}
 
 
+def _run_pool_script(
+    kafka: KafkaTarget, topic: str, tmp_path: Path, method: str, *pool: int, sleep: float
+) -> int:
+    """Run ``_POOL`` as a user's script: start ``method``; ``pool`` is processes, tasks,
+    chunksize, maxtasksperchild (0: none); each task logs its line, then sleeps ``sleep``
+    seconds. It must exit 0. Returns how many worker processes ran tasks."""
+    script = tmp_path / "pool_app.py"
+    script.write_text(_POOL)
+    env = {
+        **_env(kafka.bootstrap_servers, topic, tmp_path / "spool"),
+        "SERVERS": str(SERVERS),
+        "TASK_SLEEP": str(sleep),
+    }
+    out = subprocess.run(
+        [sys.executable, str(script), method, *map(str, pool)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip())
+
+
 _POOL = textwrap.dedent(
     """
     import logging, multiprocessing, os, sys, time
@@ -224,16 +245,18 @@ _POOL = textwrap.dedent(
     from logging_setup import configure
     configure()  # module level: the parent, and each spawned child as it imports this
     log = logging.getLogger("task")
+    SLEEP = float(os.environ["TASK_SLEEP"])
 
     def task(i):
         log.info("request %d", i, extra={"rid": str(i)})
-        time.sleep(0.003)  # long enough that every worker of the pool gets tasks
+        time.sleep(SLEEP)
         return os.getpid()
 
     if __name__ == "__main__":
-        ctx = multiprocessing.get_context(sys.argv[1])
-        pool = ctx.Pool(4)
-        pids = set(pool.map(task, range(1000), chunksize=10))
+        method, processes, tasks, chunksize, per_child = sys.argv[1:]
+        ctx = multiprocessing.get_context(method)
+        pool = ctx.Pool(int(processes), maxtasksperchild=int(per_child) or None)
+        pids = set(pool.map(task, range(int(tasks)), chunksize=int(chunksize)))
         pool.close()
         pool.join()
         print(len(pids))
@@ -247,43 +270,13 @@ def test_multiprocessing_pool_delivers_every_task_line(
 ) -> None:
     """multiprocessing.Pool(4) with fork, spawn and forkserver (the default on Linux from
     Python 3.14), tasks logging through a handler set up at module level: every one of
-    1000 task lines arrives. A forkserver child leaves through ``os._exit`` (no atexit)."""
+    1000 task lines arrives. A forkserver child leaves through ``os._exit`` (no atexit
+    before Python 3.13)."""
     topic = fresh_topic(2)
-    script = tmp_path / "pool_app.py"
-    script.write_text(_POOL)
-    env = {
-        **_env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"),
-        "SERVERS": str(SERVERS),
-    }
-    out = subprocess.run(
-        [sys.executable, str(script), method], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout.strip()) >= 2  # the tasks really ran in several processes
+    # 3 ms a task: long enough that every worker of the pool gets tasks
+    workers = _run_pool_script(kafka_broker, topic, tmp_path, method, 4, 1000, 10, 0, sleep=0.003)
+    assert workers >= 2  # the tasks really ran in several processes
     assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(1000)}
-
-
-_POOL_ONE_TASK = textwrap.dedent(
-    """
-    import logging, multiprocessing, os, sys
-    sys.path.insert(0, os.environ["SERVERS"])
-    from logging_setup import configure
-    configure()
-    log = logging.getLogger("task")
-
-    def task(i):
-        log.info("request %d", i, extra={"rid": str(i)})  # in flight as the worker leaves
-        return os.getpid()
-
-    if __name__ == "__main__":
-        ctx = multiprocessing.get_context(sys.argv[1])
-        pool = ctx.Pool(3, maxtasksperchild=1)
-        pids = set(pool.map(task, range(6), chunksize=1))
-        pool.close()
-        pool.join()
-        print(len(pids))
-    """
-)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
@@ -296,17 +289,9 @@ def test_a_pool_worker_that_leaves_right_after_its_task_delivers_its_line(
     empties multiprocessing's exit registry; forkserver children then leave through
     ``os._exit`` (before the fix, 0 of 40 lines arrived on Python 3.10 and 3.12)."""
     topic = fresh_topic(2)
-    script = tmp_path / "pool_one.py"
-    script.write_text(_POOL_ONE_TASK)
-    env = {
-        **_env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"),
-        "SERVERS": str(SERVERS),
-    }
-    out = subprocess.run(
-        [sys.executable, str(script), method], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout.strip()) == 6  # a process for each task
+    # each worker's line is still in flight as it leaves
+    workers = _run_pool_script(kafka_broker, topic, tmp_path, method, 3, 6, 1, 1, sleep=0)
+    assert workers == 6  # a process for each task
     assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(6)}
 
 
