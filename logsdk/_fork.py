@@ -31,6 +31,8 @@ from typing import Any
 import confluent_kafka
 import confluent_kafka.admin
 
+log = logging.getLogger("logsdk")
+
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 #: What a forked child inherited and may never free, kept until the process ends
 #: (interpreter finalisation included).
@@ -101,7 +103,7 @@ def _after_fork_in_child() -> None:
             try:
                 fn()
             except Exception:  # a bug in one hook: the others still run
-                logging.getLogger("logsdk").exception("logsdk: an after-fork hook failed")
+                log.exception("logsdk: an after-fork hook failed")
     finally:
         if _gc_was_enabled:
             gc.enable()
