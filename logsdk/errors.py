@@ -27,6 +27,8 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     │   ├── DeadLetterError                  a poison record could not be written to the DLT
     │   ├── FencedError (retriable)          a revoked owner tried to commit: roll back, re-read
     │   └── SinkError                        a sink's store (SQLite) failed
+    ├── OwnershipError (also AssertionError) a bug in logsdk: a thread used state another owns
+    │                                        (raised only with LOGSDK_CHECK_OWNERS=1, in tests)
     ├── DataLossError                        Spark source: offsets out of range (failOnDataLoss)
     └── SourceUnavailableError (retriable)   Spark source: Kafka metadata/offsets unavailable
 
@@ -178,6 +180,14 @@ class SparkSourceError(ConfigError):
     """A bad option of the ``logsdk-kafka`` source or ``logsdk-sink``, or a missing topic.
 
     The message names the option (or topic) and what to change.
+    """
+
+
+class OwnershipError(LogSDKError, AssertionError):
+    """A thread used state that another thread owns: a bug in logsdk, never the caller's.
+
+    Raised only while ownership is checked (``LOGSDK_CHECK_OWNERS=1``, on in logsdk's own
+    test and chaos runs); the message names the state, what was tried and both threads.
     """
 
 

@@ -55,6 +55,7 @@ from typing import Any
 
 import sqlite_utils
 
+from logsdk._owner import Owner
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolError, SpoolLockedError
 
@@ -293,7 +294,12 @@ def check_private(path: Path, missing_ok: bool = False, *, directory: bool = Fal
 class Spool:
     """A durable FIFO of records for one producer directory.
 
-    Not thread-safe: the producer uses it from one thread at a time.
+    Not thread-safe, and owned by one thread (:attr:`owner`): the thread that opens it,
+    until it hands it on (a producer's constructor hands it to the pump thread, and
+    ``close()`` takes it back once the pump has ended). Every use of its SQLite connection
+    is checked against the owner while ownership is checked (:mod:`logsdk._owner`). The
+    gauges ``count`` and ``bytes`` are written by the owner only and may be read by any
+    thread (one attribute read: a whole value, possibly one commit old).
     """
 
     def __init__(
@@ -311,6 +317,7 @@ class Spool:
         if max_bytes is not None and max_bytes <= 0:
             raise ConfigError(f"spool_max_bytes must be > 0 or None, got {max_bytes!r}")
         self.directory = Path(directory)
+        self.owner = Owner(f"spool {self.directory}")
         self.synchronous = sync
         self.max_bytes = max_bytes
         self.count = 0
@@ -384,6 +391,7 @@ class Spool:
 
     def close(self) -> None:
         """Checkpoint and close the database and release the directory lock."""
+        self.owner.check("close the spool")
         if self._checkpointer is not None:
             self._checkpointer.stop()
             self._checkpointer = None
@@ -729,6 +737,8 @@ class Spool:
 
     @property
     def conn(self) -> sqlite3.Connection:
+        """The spool's SQLite connection: its owner's only (checked, see :attr:`owner`)."""
+        self.owner.check("use the spool's SQLite connection")
         if self._conn is None:
             raise SpoolError("the spool is closed")
         return self._conn
@@ -743,6 +753,15 @@ class Spool:
         back, recount the gauges from the table when asked (rows may have gone meanwhile),
         and raise :class:`SpoolError` ("spool <what> failed")."""
         conn = self.conn
+        if conn.in_transaction:
+            # An earlier ROLLBACK failed (SQLite left the transaction open): every BEGIN
+            # would fail from now on. Undo it first, so one bad write does not end the spool.
+            log.warning("spool %s: a transaction was left open; rolling it back", self.db_path)
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                raise SpoolError(f"spool {what} failed: cannot end an open transaction: {exc}") from exc
+            self._recount()
         try:
             conn.execute("BEGIN")
             yield conn
