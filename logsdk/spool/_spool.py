@@ -760,7 +760,9 @@ class Spool:
             try:
                 conn.execute("ROLLBACK")
             except sqlite3.Error as exc:
-                raise SpoolError(f"spool {what} failed: cannot end an open transaction: {exc}") from exc
+                raise SpoolError(
+                    f"spool {what} failed: cannot end an open transaction: {exc}"
+                ) from exc
             self._recount()
         try:
             conn.execute("BEGIN")
