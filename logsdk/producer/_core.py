@@ -65,7 +65,13 @@ class _Core:
     _pid_bytes: bytes
     _pid_header: tuple[str, bytes]
     _seq_next: int  # the next record's seq (guarded by _lock)
-    _seq_limit: int  # seqs below it are reserved on disk
+    _seq_limit: int  # seqs below it are reserved on disk (written by the pump under _lock)
+    _seq_block: int  # seqs reserved at a time
+    _seq_refill_at: int  # the pump reserves the next block once _seq_next reaches it (pump)
+    _seq_retry_at: float  # after a failed reservation, when the pump tries again (pump)
+    _n_seq_waits: int  # send() calls that waited for a reservation (guarded by _lock)
+    _seq_waits_logged: int  # _n_seq_waits when the pump last logged them (pump)
+    _seq_log_at: float  # the pump logs those waits again no sooner than this (pump)
 
     # -- _inflight: the client and the records it holds (pump thread) --
     _client: Producer | None  # None while DEGRADED (pump thread)

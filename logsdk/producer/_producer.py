@@ -172,6 +172,7 @@ class LogProducer(_Health):
             # Nothing of it may stay held: a corrected retry in this process must work.
             if getattr(self, "_shm", None) is not None:
                 self._shm.close(unlink=False)  # type: ignore[union-attr]
+            self._spool.owner.take()  # the pump, if it was made, never ran
             self._spool.close()
             raise
 
@@ -229,6 +230,9 @@ class LogProducer(_Health):
             self._state = State.ONLINE
         self._cold = True
         self._scan_slots()
+        # From here on the spool (its connection, its files) is the pump's alone; close()
+        # takes it back once the pump has ended.
+        self._spool.owner.hand_to(self._pump)
         self._pump.start()
         self._health.start()
 
@@ -303,8 +307,8 @@ class LogProducer(_Health):
             if self._closing:
                 raise ProducerClosedError("the producer is closed; it accepts no more records")
             seq = self._seq_next
-            if seq >= self._seq_limit:
-                self._reserve_seq()
+            if seq >= self._seq_limit:  # never while the pump keeps up (see _identity)
+                seq = self._wait_for_seq()
             # Taken now: a wait below (ring or buffer full) releases the lock, so another
             # sender must not get the same seq. A refused record gives it back when no
             # one took a later one meanwhile (else it leaves a gap, never a reuse).
@@ -521,7 +525,17 @@ class LogProducer(_Health):
                 for d in self._drains:
                     d.close(max(0.0, deadline - time.monotonic()))
             self._pump.join(max(30.0, budget + 30.0))
-            self._shutdown(budget)
+            if self._pump.is_alive():
+                # Its spool and records are still its own: nothing here may touch them.
+                self._errors["pump_stuck"] += 1
+                log.error(
+                    "close(): the pump thread did not stop within %gs; the records it holds "
+                    "stay where they are (the spool, memory) and this producer is left open",
+                    max(30.0, budget + 30.0),
+                )
+            else:
+                self._spool.owner.take()
+                self._shutdown(budget)
         finally:
             _LIVE.discard(self)
             self._closed.set()
@@ -604,6 +618,7 @@ class LogProducer(_Health):
             "state": self._state.value,
             "producer_id": self.producer_id,
             "next_seq": self._seq_next,
+            "seq_waits": self._n_seq_waits,
             "sent": sent,
             "acked": self._n_acked + self._n_replayed,
             "spooled": self._n_spooled,

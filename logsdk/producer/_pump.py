@@ -113,6 +113,7 @@ class _Pump(_Replay):
 
     def _step(self) -> bool:
         """One round of work; True when there may be more to do right away."""
+        self._reserve_ahead()
         client = self._client
         if client is not None:
             client.poll(0)

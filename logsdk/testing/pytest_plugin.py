@@ -13,6 +13,12 @@ Fixtures:
   the reason, when ``LOGSDK_TEST_BOOTSTRAP`` points at an external cluster.
 
 Markers: ``integration``, ``fault``, ``slow``, ``spark``.
+
+Ownership checks (:mod:`logsdk._owner`) are on in every test session that loads this
+plugin (``LOGSDK_CHECK_OWNERS=1``, inherited by the processes tests start; set it to
+``0`` to turn them off): a logsdk object used by a thread that does not own it raises at
+once, and a violation seen on any thread fails the test during (or after) which it was
+seen.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any, Literal
 
 import pytest
 
+from logsdk import _owner
 from logsdk._types import ClientConfig
 from logsdk.testing._admin import create_topic
 from logsdk.testing._broker import EmbeddedBroker
@@ -160,6 +167,22 @@ def open_target(kind: BrokerKind | None = None) -> KafkaTarget:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if os.environ.get(_owner.ENV, "1") != "0":
+        _owner.enable()
+
+
+@pytest.fixture(autouse=True)
+def _logsdk_ownership_checked() -> Iterator[None]:
+    """Fail the test when logsdk's ownership checks saw a violation on any thread (one
+    on a background thread may be caught and logged there; the list keeps it)."""
+    yield
+    seen = _owner.violations(clear=True)
+    if seen:
+        pytest.fail(
+            "logsdk state used by a thread that does not own it (during or just before this "
+            "test):\n" + "\n".join(seen),
+            pytrace=False,
+        )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

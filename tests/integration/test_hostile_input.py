@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from logsdk import LogProducer
 from logsdk.consumer import Record
 from logsdk.errors import ConfigError, SerializationError, SpoolError
+from logsdk.producer._identity import ENV_SEQ_BLOCK
 from logsdk.sinks import SQLiteSink
 from logsdk.spool import Spool
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
@@ -309,7 +311,6 @@ def test_two_threads_closing_at_once_both_return_after_delivery(
 ) -> None:
     """Two threads call close() at once (an app's shutdown hook and its atexit): the second
     waits for the first, so when either returns every record is in Kafka."""
-    import threading
 
     topic = fresh_topic(1)
     p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
@@ -330,36 +331,40 @@ def test_two_threads_closing_at_once_both_return_after_delivery(
     assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 20_000
 
 
-def test_a_failed_seq_reservation_refuses_the_send_and_never_reuses_a_seq(
+def test_a_failed_seq_reservation_is_retried_by_the_pump_and_never_reuses_a_seq(
     kafka_broker: KafkaTarget,
     fresh_topic: Callable[..., str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Seqs are reserved on disk 10 at a time here; the reservation at the block boundary
-    fails once (a full disk): that send() raises SpoolError, nothing is advanced, and the
-    next producer on the dir starts above every seq used, so no seq names two records."""
-    from logsdk.producer import _identity
-
-    monkeypatch.setattr(_identity, "_SEQ_BLOCK", 10)
+    """Seqs are reserved 10 at a time here, by the pump, ahead of need; its reservations
+    fail while the disk is "full". send() takes seqs from memory: the first 10 go, the
+    11th waits max_block_s for the pump and raises SpoolError (nothing advanced, the wait
+    counted); once the disk has room the pump's retry succeeds and send() goes on; the next
+    producer on the dir starts above every seq used, so no seq names two records."""
+    monkeypatch.setenv(ENV_SEQ_BLOCK, "10")
     topic = fresh_topic(1)
     real = Spool.reserve_seq
-    fail = {"once": True}
+    disk_full = threading.Event()
+    disk_full.set()
 
     def full_disk(self: Spool, upto: int) -> None:
-        if upto == 20 and fail["once"]:
-            fail["once"] = False
+        if upto > 10 and disk_full.is_set():
             raise SpoolError("injected: [Errno 28] No space left on device")
         real(self, upto)
 
     monkeypatch.setattr(Spool, "reserve_seq", full_disk)
-    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path, max_block_s=1.5) as p:
         for i in range(10):
             p.send(b"a%d" % i)
-        with pytest.raises(SpoolError):
+        with pytest.raises(SpoolError, match="no sequence number reserved"):
             p.send(b"refused")
-        assert p.stats()["next_seq"] == 10
-        p.send(b"b10")  # the reservation is retried, and succeeds
+        stats = p.stats()
+        assert stats["next_seq"] == 10
+        assert stats["seq_waits"] == 1
+        assert stats["errors"]["seq_reservation"] >= 1
+        disk_full.clear()
+        p.send(b"b10")  # waits for the pump's next try, which succeeds
         assert p.flush(30) == 0
     with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p2:
         assert p2.stats()["next_seq"] >= 20
