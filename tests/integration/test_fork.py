@@ -199,7 +199,7 @@ def _librdkafka_threads() -> list[str]:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 names.append(f.read().strip())
-        except FileNotFoundError:  # the thread ended since the listing
+        except OSError:  # the thread ended since the listing (ENOENT, or ESRCH mid-exit)
             continue
     return sorted(n for n in names if n.startswith("rdk:"))
 
