@@ -12,7 +12,10 @@
   consumer, and a long cut that fills one producer's small spool to its cap.
 - Checker: every record a producer's ``send()`` accepted (reported by the producer
   as it goes, so a SIGKILL loses no bookkeeping) must be in the sink exactly once,
-  except those its own counters say the overflow policy dropped.
+  except those its own counters say the overflow policy dropped. Ownership checks
+  (:mod:`logsdk._owner`) are on in every process of the run, and producers reserve seqs
+  in small blocks (``--seq-block``) so that a run crosses many reservations; a violation
+  logged by any child fails the run.
 
 The last line with ``--json`` is one JSON object: accepted, in_sink, missing,
 duplicates, dropped, max_latency_s, degraded_s, events, verdict. Exit status 1 on
@@ -47,6 +50,9 @@ TOPIC = "chaos"
 PARTITIONS = 4
 RATE = 800  # records/s per producer
 SMALL_SPOOL = 150_000  # bytes: the producer whose spool the nemesis fills
+#: Seqs reserved at a time by the producers of a run: a 300 s run sends about 240,000
+#: records per producer, so each crosses about 60 reservations (2^20 would cross none).
+SEQ_BLOCK = 4096
 FAST = FAST_RECOVERY
 
 
@@ -394,9 +400,15 @@ def chaos(
     producers: int = 3,
     consumers: int = 2,
     max_in_flight: int = 1,
+    seq_block: int = SEQ_BLOCK,
 ) -> dict[str, Any]:
     """Run the workload under the nemesis for ``duration`` seconds; return the verdict."""
+    from logsdk import _owner
+    from logsdk.producer._identity import ENV_SEQ_BLOCK
     from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
+
+    _owner.enable()  # here and in every child (the environment is inherited)
+    os.environ[ENV_SEQ_BLOCK] = str(seq_block)
 
     work = Path(tempfile.mkdtemp(prefix=f"logsdk-chaos-{seed}-"))
     run = Run(seed=seed, duration=duration, work=work)
@@ -507,6 +519,7 @@ def chaos(
         with contextlib.suppress(OSError, ValueError):
             latency = max(latency, float((work / f"{c.name}.latency").read_text()))
     duplicates = rows - in_sink
+    violations = _ownership_violations(work)
     # Only producers whose own drop counters do not explain their missing records.
     unexplained_sets = {
         pid: seqs
@@ -528,7 +541,7 @@ def chaos(
     unexplained = sum(
         max(0, n - dropped.get(pid, 0) - lost_on_close.get(pid, 0)) for pid, n in missing_by.items()
     )
-    ok = unexplained == 0 and duplicates == 0 and order_unexplained == 0
+    ok = unexplained == 0 and duplicates == 0 and order_unexplained == 0 and not violations
     return {
         "seed": seed,
         "duration_s": duration,
@@ -560,6 +573,9 @@ def chaos(
         "events": [f"{t}s {k}" for t, k in run.events],
         "producer_restarts": sum(p.restarts for p in run.producers),
         "consumer_restarts": sum(c.restarts for c in run.consumers),
+        # Lines "ownership violation: ..." that any process of the run logged (and this one).
+        "ownership_violations": violations,
+        "seq_block": seq_block,
         "verdict": "ok" if ok else "FAIL",
         "work_dir": str(work),
     }
@@ -701,6 +717,20 @@ def _offset_gaps(msgs: list[Any]) -> list[str]:
     return out
 
 
+def _ownership_violations(work: Path) -> list[str]:
+    """The ownership violations the run's children logged (their logs are in ``work``)
+    and this process saw."""
+    from logsdk import _owner
+
+    found = list(_owner.violations())
+    for path in sorted(work.glob("*.log")):
+        with contextlib.suppress(OSError):
+            for line in path.read_text(errors="replace").splitlines():
+                if "ownership violation:" in line:
+                    found.append(f"{path.name}: {line.strip()}")
+    return found
+
+
 def _drain_leftover_spools(run: Run, bootstrap: str) -> None:
     from logsdk import LogProducer
 
@@ -763,6 +793,12 @@ def main(argv: list[str] | None = None) -> int:
             "librdkafka's default of 5, right for Apache Kafka)"
         ),
     )
+    ap.add_argument(
+        "--seq-block",
+        type=int,
+        default=SEQ_BLOCK,
+        help=f"seqs the producers reserve at a time (default {SEQ_BLOCK}; 2^20 in production)",
+    )
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument("--results", help="merge chaos.* figures into this results.json")
     args = ap.parse_args(argv)
@@ -774,7 +810,14 @@ def main(argv: list[str] | None = None) -> int:
         return _consumer_child(args)
     if args.duration < 20:
         ap.error("--duration must be at least 20 seconds")
-    verdict = chaos(args.seed, args.duration, args.producers, args.consumers, args.max_in_flight)
+    verdict = chaos(
+        args.seed,
+        args.duration,
+        args.producers,
+        args.consumers,
+        args.max_in_flight,
+        args.seq_block,
+    )
     for k in ("accepted", "in_sink", "missing", "duplicates", "dropped", "max_latency_s"):
         print(f"{k:16} {verdict[k]}")
     print(f"{'degraded_s':16} {verdict['degraded_s']}")
@@ -787,6 +830,9 @@ def main(argv: list[str] | None = None) -> int:
     if verdict["missing_reports"]:
         print(f"{'missing_reports':16} {verdict['missing_reports']}")
     print(f"{'events':16} {len(verdict['events'])}: {', '.join(verdict['events'])}")
+    print(f"{'ownership':16} {len(verdict['ownership_violations'])} violation(s)")
+    for line in verdict["ownership_violations"][:10]:
+        print(f"{'':16} {line}")
     print(f"verdict          {verdict['verdict']}")
     if args.results:
         _merge_results(Path(args.results), verdict)
