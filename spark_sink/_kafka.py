@@ -27,6 +27,10 @@ from logsdk.errors import DataLossError, SourceUnavailableError, SparkSourceErro
 from spark_sink._options import TP, OffsetRange, SourceOptions
 
 log = logging.getLogger("spark_sink")
+#: librdkafka's own log lines, as logsdk's clients do: through Python logging, never on
+#: the process's stderr. Set where each client is built (driver or executor), never in
+#: the options, which are pickled to the executors.
+rdlog = logging.getLogger("logsdk.librdkafka")
 
 #: The Arrow schema of the rows read (matches :data:`spark_sink._source.SCHEMA`).
 ARROW_SCHEMA = pa.schema(
@@ -69,6 +73,11 @@ def consumer_config(options: SourceOptions, **extra: Any) -> ClientConfig:
     return conf
 
 
+def new_consumer(conf: ClientConfig) -> Consumer:
+    """A confluent-kafka consumer on ``conf`` whose librdkafka logs go to ``rdlog``."""
+    return Consumer({**conf, "logger": rdlog})
+
+
 def missing_topics_error(options: SourceOptions, missing: list[str]) -> SparkSourceError:
     """The error for topics named in option ``subscribe`` that do not exist."""
     return SparkSourceError(
@@ -89,7 +98,9 @@ class DriverClient:
             # A short fetch wait: a long-poll fetch left in flight after unassign()
             # would hold the next metadata / ListOffsets request on the same
             # connection (measured: list_topics 0.4 s instead of 0.05 s).
-            self._consumer = Consumer(consumer_config(self.options, **{"fetch.wait.max.ms": 10}))
+            self._consumer = new_consumer(
+                consumer_config(self.options, **{"fetch.wait.max.ms": 10})
+            )
         return self._consumer
 
     def close(self) -> None:
@@ -212,7 +223,7 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
     ``failOnDataLoss=false`` are skipped with a warning. Gaps inside the range
     (compaction, transaction markers) are normal and end at end-of-partition.
     """
-    consumer = Consumer(
+    consumer = new_consumer(
         consumer_config(
             options, **{"fetch.message.max.bytes": 8 * 1024 * 1024, "fetch.wait.max.ms": 100}
         )

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import re
 import sys
@@ -27,6 +28,10 @@ from logsdk._cli._common import (
 )
 from logsdk.consumer._kafka import unassign
 from logsdk.errors import ConsumerError
+
+#: librdkafka's own log lines, as the producer's (logsdk.producer._client): through
+#: Python logging (``logsdk:`` lines on stderr, as ``main()`` configures it).
+rdlog = logging.getLogger("logsdk.librdkafka")
 
 _RESET = "\033[0m"
 _DIM = "\033[2m"
@@ -263,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         conf.update({"group.id": f"logsdk-tail-{uuid.uuid4().hex[:8]}"})
         conf["enable.auto.commit"] = False
     conf.update(kafka_config(args))
+    conf["logger"] = rdlog
     try:
         consumer = _fork.Consumer(conf)
     except KafkaException as exc:

@@ -32,6 +32,9 @@ from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 from logsdk.errors import ConsumerError, DeadLetterError
 
 log = logging.getLogger("logsdk.consumer")
+#: librdkafka's own log lines, as the producer's (logsdk.producer._client): through
+#: Python logging, served by the thread that polls the client, never on stderr.
+rdlog = logging.getLogger("logsdk.librdkafka")
 
 _msg_error = Message.error
 _msg_partition = Message.partition
@@ -153,7 +156,7 @@ class KafkaConsumerClient:
         self.last_error: str | None = None
         self._only_topic: str | None = None  # set by subscribe() for one topic by name
         try:
-            self._consumer = _fork.Consumer(dict(config))
+            self._consumer = _fork.Consumer({**config, "logger": rdlog})
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConsumerError(f"bad kafka_config for the consumer: {exc}") from exc
 
@@ -337,7 +340,7 @@ class DeadLetterProducer:
 
     def __init__(self, config: ClientConfig) -> None:
         try:
-            self._producer: Producer | None = _fork.Producer(dict(config))
+            self._producer: Producer | None = _fork.Producer({**config, "logger": rdlog})
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConsumerError(f"bad kafka_config for the dead-letter producer: {exc}") from exc
 

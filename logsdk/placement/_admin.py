@@ -7,6 +7,7 @@ are translated here into :class:`~logsdk.errors.PlacementError`.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -21,10 +22,14 @@ from logsdk.placement._metrics import AssignmentLike
 from logsdk.placement._model import Assignment, Broker, Cluster, Topic
 from logsdk.placement._reassign import changed_partitions
 
+#: librdkafka's own log lines, as the producer's (logsdk.producer._client): through
+#: Python logging, never on stderr.
+rdlog = logging.getLogger("logsdk.librdkafka")
+
 
 def _admin(config: str | Mapping[str, Any]) -> AdminClient:
     conf: ClientConfig = {"bootstrap.servers": config} if isinstance(config, str) else dict(config)
-    return AdminClient(conf)
+    return AdminClient({**conf, "logger": rdlog})
 
 
 def _bootstrap(config: str | Mapping[str, Any]) -> str:

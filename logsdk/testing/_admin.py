@@ -21,6 +21,9 @@ from logsdk._types import ClientConfig
 from logsdk.errors import BrokerError, ConfigError
 
 log = logging.getLogger("logsdk.testing")
+#: librdkafka's own log lines, as the producer's: through Python logging (captured by
+#: pytest), never on stderr.
+rdlog = logging.getLogger("logsdk.librdkafka")
 
 
 def create_topic(
@@ -42,7 +45,7 @@ def create_topic(
         raise ConfigError(f"partitions must be >= 1, got {partitions}")
     conf: ClientConfig = {"bootstrap.servers": bootstrap_servers}
     conf.update(extra_config or {})
-    admin = AdminClient(conf)
+    admin = AdminClient({**conf, "logger": rdlog})
     topic = NewTopic(
         name,
         num_partitions=partitions,
@@ -75,7 +78,7 @@ def create_topic(
 def delete_topic(bootstrap_servers: str, name: str, *, timeout: float = 20.0) -> None:
     """Delete ``name`` and wait for the broker to confirm (the embedded broker then frees
     its records: a long benchmark keeps its memory flat by deleting what it measured)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": rdlog})
     futures = admin.delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
     try:
         futures[name].result(timeout)
@@ -107,7 +110,7 @@ def read_topic(
         "auto.offset.reset": "earliest",
     }
     conf.update(extra_config or {})
-    consumer = Consumer(conf)
+    consumer = Consumer({**conf, "logger": rdlog})
     try:
         md = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if md is None or md.error is not None:

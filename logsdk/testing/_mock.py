@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -50,6 +51,9 @@ _RD_KAFKA_PRODUCER = 0
 MOCK_SESSION_TIMEOUT_MS = 3500  # over the 3 s a new group's first join waits
 MOCK_HEARTBEAT_INTERVAL_MS = 500
 _lib: ctypes.CDLL | None = None
+#: librdkafka's log lines of the clients made here, as the producer's: through Python
+#: logging. (The hosting handle of the child process logs errors only, on its stderr.)
+rdlog = logging.getLogger("logsdk.librdkafka")
 
 
 def _librdkafka() -> ctypes.CDLL:
@@ -194,7 +198,7 @@ class MockCluster:
         broker, by default) and wait until a client sees all of them with a leader."""
         rf = self.brokers if replication_factor is None else replication_factor
         self._call(op="create_topic", name=name, partitions=partitions, rf=rf)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "logger": rdlog})
         deadline = time.monotonic() + timeout
         while True:
             md = admin.list_topics(name, timeout=max(0.5, deadline - time.monotonic()))
