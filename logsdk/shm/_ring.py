@@ -145,6 +145,13 @@ class ShmRing:
     Create it with :meth:`attach`. Writes (:meth:`put`) must be serialised by the caller
     (the producer holds its send lock); :meth:`settle` and :meth:`drain_settled` may be
     called from any thread.
+
+    Who owns what (docs/engineering/design.md, "Who owns what"): the head, the fast-path
+    bound and the topic cache belong to the writer (the send lock's holder, not one
+    thread); the tail, the settled flags and the removals from the open set to the drain
+    (the settle lock, which :meth:`_advance` and :meth:`close` take too); :meth:`settle`
+    is a list append from any thread; the open set gets inserts from the writer and
+    removals from the drain, each one dict operation under the GIL.
     """
 
     def __init__(self, name: str, shm: posix_ipc.SharedMemory, mm: mmap.mmap) -> None:
@@ -311,17 +318,23 @@ class ShmRing:
         self.recovered = []
 
     def close(self, unlink: bool) -> None:
-        """Unmap and release ownership; ``unlink`` removes the segment (a clean close)."""
-        if self.closed:
-            return
-        if not unlink:  # the next reader starts from the true head: no scan past it
-            self._publish_head(self._head)
-        self.closed = True
-        if unlink:
-            with contextlib.suppress(posix_ipc.ExistentialError):
-                self._shm.unlink()
-        self._mm.close()
-        self._shm.close_fd()
+        """Unmap and release ownership; ``unlink`` removes the segment (a clean close).
+
+        Called by the writer, once no put() can come (the producer refuses sends first).
+        A drain under way in another thread (the pump's, or stats() on any thread) ends
+        first: it writes into the mapping, and a drain after this finds ``closed``.
+        """
+        with self._settle_lock:
+            if self.closed:
+                return
+            if not unlink:  # the next reader starts from the true head: no scan past it
+                self._publish_head(self._head)
+            self.closed = True
+            if unlink:
+                with contextlib.suppress(posix_ipc.ExistentialError):
+                    self._shm.unlink()
+            self._mm.close()
+            self._shm.close_fd()
 
     def _check_header(self, producer_id: str) -> None:
         _m, version, hsize, capacity, _pid, _r, _r2, pid_b, _dl = _HDR.unpack_from(self._mm, 0)
@@ -477,7 +490,7 @@ class ShmRing:
         # The first key of the open set is its oldest frame (found past the entries removed
         # since the dict last compacted: amortised O(1) a settled record). Never past the
         # published head: a reader takes a tail beyond the head for a torn index.
-        first = next(iter(open_), None)
+        first = _first_key(open_)
         tail = self._head_pub if first is None else min(open_[first], self._head_pub)
         if tail > self._tail:
             self._publish_tail(tail)
@@ -645,6 +658,20 @@ class ShmRing:
                 parts.append(bytes(mm[i : i + ln]))
                 i += ln
         return (topic, parts[0], parts[1], parts[2], None if ts < 0 else ts, seq)
+
+
+def _first_key(d: dict[int, int]) -> int | None:
+    """The first key of ``d`` (None if empty), while a writer may insert into it: put()
+    adds a frame under the send lock only, and an insert between ``iter()`` and ``next()``
+    makes ``next()`` raise RuntimeError (a dict that changed size during iteration; it
+    never yields a wrong key). Only inserts race with the drainer (it alone removes, under
+    the settle lock), and an insert never changes the first key of a non-empty dict: look
+    again."""
+    while True:
+        try:
+            return next(iter(d), None)
+        except RuntimeError:
+            continue
 
 
 def _reserve(name: str, fd: int, size: int) -> None:

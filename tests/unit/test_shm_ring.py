@@ -263,6 +263,70 @@ def test_settle_racing_a_writer_never_flags_the_record_that_reuses_its_slot(
         again.close(unlink=True)
 
 
+class _SwitchAfterIter(dict[int, int]):
+    """The ring's open-slot map, running ``hook`` right after an iterator over it is made:
+    the thread switch that lets another thread run between a drain's ``iter()`` over the
+    open set and its ``next()``."""
+
+    hook: Callable[[], None] | None = None
+
+    def __iter__(self) -> Iterator[int]:
+        it = super().__iter__()
+        if self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        return it
+
+
+def _in_thread(fn: Callable[[], object]) -> threading.Thread:
+    """Run ``fn`` in a thread and give it half a second: the thread switch."""
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join(0.5)
+    return t
+
+
+def test_a_put_between_a_drains_look_at_the_oldest_frame_and_its_read_is_harmless(
+    name: str, tmp_path: Path
+) -> None:
+    """The pump drains (no send lock) while a sender puts (send lock only): a put landing
+    between the drain's iter() over the open set and its next() must not fail the drain
+    (a dict that changed size during iteration raises RuntimeError), nor lose the frame."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    try:
+        for i in range(5):
+            assert ring.put(rec(i))
+        hooked = _SwitchAfterIter(ring._open)
+        ring._open = hooked
+        writer: list[threading.Thread] = []
+        hooked.hook = lambda: writer.append(_in_thread(lambda: ring.put(rec(5))))
+        ring.settle(0)
+        ring.drain_settled()
+        writer[0].join(10)
+        assert list(hooked) == [1, 2, 3, 4, 5]
+        assert ring.pending == 5
+    finally:
+        ring.close(unlink=True)
+
+
+def test_close_waits_for_a_drain_under_way_in_another_thread(name: str, tmp_path: Path) -> None:
+    """stats() (any thread) drains the settled frames; close() running meanwhile must not
+    unmap the ring under it (a flag or tail written into a closed mapping raises
+    ValueError): close() waits for the drain, which then finds the ring open or closed."""
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    for i in range(5):
+        assert ring.put(rec(i))
+    hooked = _SwitchAfterIter(ring._open)
+    ring._open = hooked
+    closer: list[threading.Thread] = []
+    hooked.hook = lambda: closer.append(_in_thread(lambda: ring.close(unlink=True)))
+    ring.settle(0)
+    assert ring.stats()["shm_records"] == 4
+    closer[0].join(10)
+    assert ring.closed
+    assert name not in list_segments()
+
+
 def test_settled_records_are_not_read_back(name: str, tmp_path: Path) -> None:
     """Records acknowledged out of order (several partitions) are not resent after a crash
     once their frames are flagged (the producer's pump drains right after each poll); the
