@@ -15,7 +15,8 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     ├── BufferFullError                      memory buffer and spool full ("block"/"raise")
     │   └── SpoolFullError                   the spool reached spool_max_bytes
     ├── SpoolError                           the on-disk spool cannot be used
-    │   └── SpoolLockedError                 another producer holds this spool dir
+    │   ├── SpoolLockedError                 another producer holds this spool dir
+    │   └── SpoolCorruptError                its database is damaged (``corrupt``): rebuilt
     ├── ShmError                             the shared-memory ring cannot be used
     │   └── ShmInUseError                    another live producer holds this shm segment
     ├── BrokerError                          an embedded/test broker problem
@@ -76,6 +77,16 @@ class SpoolError(LogSDKError):
     """The on-disk spool cannot be opened or written."""
 
     retriable = True
+    #: True when the database itself is damaged (not the disk full or unwritable): the
+    #: producer then sets the file aside and rebuilds the spool from what can be read.
+    corrupt = False
+
+
+class SpoolCorruptError(SpoolError):
+    """The spool's database is damaged (SQLite says malformed, not a database, corrupt)."""
+
+    retriable = False
+    corrupt = True
 
 
 class SpoolLockedError(SpoolError):

@@ -81,10 +81,16 @@ PRODUCER_METRICS: dict[str, MetricDoc] = {
         "gauge", "1 while the spool's disk cannot be used (full, I/O error)", "flag"
     ),
     "spool_corrupt_files": MetricDoc("counter", "corrupt spool files moved aside"),
+    "spool_unreadable": MetricDoc(
+        "counter", "ids of a damaged spool that could not be read (left in the file set aside)"
+    ),
     "retired_clients": MetricDoc(
         "gauge", "replaced librdkafka clients that still owe delivery reports"
     ),
     "next_seq": MetricDoc("gauge", "the logsdk.seq the next record will get"),
+    "seq_waits": MetricDoc(
+        "counter", "send() calls that waited for seqs to be reserved (0 unless the pump stalls)"
+    ),
     "degraded_s": MetricDoc("counter", "seconds spent DEGRADED (spooling) since the start"),
     "slot": MetricDoc("gauge", "the slot of spool_dir this producer holds (one per process)"),
     "draining_slots": MetricDoc(

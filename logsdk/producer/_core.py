@@ -102,6 +102,7 @@ class _Core:
     _alarm: str | None  # why the disk cannot be used, or None
     _alarm_op: str  # which spool operation raised it: "write", "settle" or "read"
     _disk_retry_at: float
+    _rebuilt_at: float  # when the pump last rebuilt a damaged spool (monotonic)
 
     # -- _replay: the spool sent back to Kafka --
     _replay_ack: type[_ReplayAck]

@@ -53,6 +53,7 @@ class _Custody(_InFlight):
         self._alarm = None
         self._alarm_op = ""
         self._disk_retry_at = 0.0
+        self._rebuilt_at = -60.0
 
     def _enqueue(self, rec: Rec) -> None:
         """Append to the backlog, applying ``when_full`` when memory and spool are full."""
@@ -297,13 +298,34 @@ class _Custody(_InFlight):
             self._alarm = None
 
     def _disk_alarm(self, exc: SpoolError, op: str) -> None:
-        """The spool failed ``op``; the same kind of operation succeeding clears it."""
+        """The spool failed ``op``; the same kind of operation succeeding clears it. A
+        damaged database is set aside and the spool rebuilt from what can be read (at most
+        once a minute), and ``op`` is then simply tried again."""
+        if exc.corrupt and self._rebuild_spool(exc):
+            return
         if self._alarm is None:
             log.error("spool unusable, records kept in memory until it recovers: %s", exc)
         self._alarm = str(exc)
         self._alarm_op = op
         self._errors["spool_io"] += 1
         self._disk_retry_at = time.monotonic() + 1.0
+
+    def _rebuild_spool(self, exc: SpoolError) -> bool:
+        """Pump thread: the spool's database is damaged. True when it was rebuilt."""
+        now = time.monotonic()
+        if now - self._rebuilt_at < 60.0:
+            return False  # damaged again so soon: the disk itself fails; raise the alarm
+        self._rebuilt_at = now
+        self._errors["spool_rebuilt"] += 1
+        try:
+            self._spool.rebuild(str(exc))
+        except SpoolError as again:
+            log.error("spool damaged and could not be rebuilt: %s", again)
+            return False
+        # The rows keep their ids: the replay's cursor, rows in flight and acknowledged
+        # ids stay valid; rows that could not be read are no longer there to delete.
+        self._spool_full = False
+        return True
 
     def _unsettled(self) -> int:
         """Records neither acknowledged nor committed to the spool (nor dropped/rejected)."""

@@ -645,6 +645,7 @@ class LogProducer(_Health):
             "alarm": self._alarm,
             "retired_clients": len(self._zombies),
             "spool_corrupt_files": self._spool.corrupt_files_moved,
+            "spool_unreadable": self._spool.unreadable_ids,
             "slot": self._slot,
             "draining_slots": len(self._drains),
             "undelivered": self._not_in_kafka(),

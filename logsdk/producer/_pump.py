@@ -46,6 +46,7 @@ import time
 from collections.abc import Mapping
 
 from logsdk._resolver import resolver_ready
+from logsdk.errors import SpoolError
 from logsdk.producer._core import State
 from logsdk.producer._replay import _Replay
 
@@ -210,6 +211,14 @@ class _Pump(_Replay):
         if self._spool.count > 0 or self._replay_inflight:
             return self._replay_some()
         if self._failed:
+            return False
+        # The gauges say the spool is empty: the table must agree before the backlog may
+        # go ahead of its rows (a wrong count would leave them behind for good).
+        try:
+            if self._spool.holds_rows():
+                return self._replay_some()
+        except SpoolError as exc:
+            self._disk_alarm(exc, "read")
             return False
         # Spool drained: the backlog (all newer than anything replayed) goes next.
         with self._lock:

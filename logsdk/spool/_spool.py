@@ -38,6 +38,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -57,7 +58,7 @@ import sqlite_utils
 
 from logsdk._owner import Owner
 from logsdk._sqlparams import blob_params
-from logsdk.errors import ConfigError, SpoolError, SpoolLockedError
+from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
 
 log = logging.getLogger("logsdk.spool")
 
@@ -323,6 +324,8 @@ class Spool:
         self.count = 0
         self.bytes = 0
         self.corrupt_files_moved = 0
+        #: Ids in ranges of a damaged database that could not be read (see rebuild()).
+        self.unreadable_ids = 0
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
         self._state: dict[str, object] = {}
@@ -469,18 +472,58 @@ class Spool:
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and not _looks_corrupt(exc):
                 raise SpoolError(f"cannot open spool {self.db_path}: {exc}") from exc
-            moved = self._move_aside()
-            log.error(
-                "spool %s is corrupt (%s); moved aside to %s and starting a fresh one",
-                self.db_path,
-                exc,
-                moved,
-            )
-            self.corrupt_files_moved += 1
+            return self._set_aside_and_salvage(str(exc))
+
+    def _set_aside_and_salvage(self, why: str) -> sqlite3.Connection:
+        """The database is damaged: move it aside (kept, named ``spool.db.corrupt-*``),
+        start a fresh one, and copy into it every row that can still be read, under its
+        own id (a replay in progress goes on over the same ids). Returns the connection."""
+        moved = self._move_aside()
+        self.corrupt_files_moved += 1
+        self._clean = None
+        try:
+            conn = self._connect_and_check()
             try:
-                return self._connect_and_check()
-            except sqlite3.Error as exc2:
-                raise SpoolError(f"cannot create a fresh spool {self.db_path}: {exc2}") from exc2
+                salvage = _salvage(moved, conn)
+            finally:
+                conn.close()
+            conn = self._connect_and_check()  # the gauges, ids and seqs of what it holds now
+        except sqlite3.Error as exc:
+            raise SpoolError(f"cannot create a fresh spool {self.db_path}: {exc}") from exc
+        self.unreadable_ids += salvage.unreadable_ids
+        lost = ", ".join(f"{a}-{b}" for a, b in salvage.unreadable[:10])
+        log.error(
+            "spool %s is damaged (%s): set aside as %s; %d row(s) read from it into a fresh "
+            "spool and delivered as usual%s",
+            self.db_path,
+            why,
+            moved.name,
+            salvage.rows,
+            f"; rows with ids {lost}{' ...' if len(salvage.unreadable) > 10 else ''} "
+            f"({salvage.unreadable_ids} id(s)) could not be read and stay in that file"
+            if salvage.unreadable
+            else "",
+        )
+        return conn
+
+    def rebuild(self, why: str) -> None:
+        """The open database was found damaged (a read or write said so): set it aside and
+        go on with a fresh one holding every row that can still be read, under the same
+        ids (see :meth:`_set_aside_and_salvage`). Owner only; raises :class:`SpoolError`
+        when even a fresh database cannot be made."""
+        self.owner.check("rebuild the spool")
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
+        self._conn = self._set_aside_and_salvage(why)
+        self._gauges_exact = True
+        self._recounted_from = -1
+        self._reconcile_identity()
+        self._start_checkpointer()
 
     def _unchanged_since_close(self) -> dict[str, int] | None:
         """The clean close's summary, if the database file is still the one it described."""
@@ -773,7 +816,7 @@ class Spool:
                 conn.execute("ROLLBACK")
             if recount:
                 self._recount()
-            raise SpoolError(f"spool {what} failed: {exc}") from exc
+            raise _spool_error(f"spool {what} failed: {exc}", exc) from exc
         except BaseException:  # not SQLite's (a bad parameter, an interrupt): still undone
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
@@ -852,7 +895,7 @@ class Spool:
             )
             return cur.fetchall()
         except sqlite3.Error as exc:
-            raise SpoolError(f"spool read failed: {exc}") from exc
+            raise _spool_error(f"spool read failed: {exc}", exc) from exc
 
     def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> int:
         """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query.
@@ -887,8 +930,7 @@ class Spool:
         if deleted != n:
             self._recount()  # some rows were already gone (dropped by policy): recount
         else:
-            self.count -= n
-            self.bytes -= freed_bytes
+            self._take_off(n, freed_bytes)
         self._committed(freed_bytes)
         return deleted
 
@@ -919,10 +961,40 @@ class Spool:
                 conn.execute("DELETE FROM records_all")  # truncate optimisation: no row work
                 garbage = 0
         self._replayed_through, self._garbage = last_id, garbage
-        self.count -= int(n)
-        self.bytes -= int(freed)
+        self._take_off(int(n), int(freed))
         self._committed(int(freed))
         return int(n)
+
+    def _take_off(self, rows: int, nbytes: int) -> None:
+        """Rows left the spool: lower the gauges. Below zero they were off (a bug): they
+        are counted again from the table, and never shown negative."""
+        self.count -= rows
+        self.bytes -= nbytes
+        if self.count < 0 or self.bytes < 0:
+            log.error(
+                "spool %s: gauges went below zero (%d rows, %d bytes); counted again",
+                self.db_path,
+                self.count,
+                self.bytes,
+            )
+            self._recount()
+            self.count, self.bytes = max(0, self.count), max(0, self.bytes)
+
+    def holds_rows(self) -> bool:
+        """True when a row is left above the watermark, asked of the table itself (not of
+        the gauges): the producer asks before it calls a replay done. If the gauges said
+        none, they are counted again."""
+        try:
+            (more,) = self.conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM records_all WHERE id > ?)",
+                (self._replayed_through,),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise _spool_error(f"spool read failed: {exc}", exc) from exc
+        if more and self.count == 0:
+            log.error("spool %s: gauges said empty while rows remain; counted again", self.db_path)
+            self._recount()
+        return bool(more)
 
     def _garbage_limit(self) -> int:
         cap = self.max_bytes
@@ -956,8 +1028,7 @@ class Spool:
             cur.close()
             if dropped:
                 conn.execute("DELETE FROM records_all WHERE id > ? AND id <= ?", (after_id, last))
-        self.count -= dropped
-        self.bytes -= freed
+        self._take_off(dropped, freed)
         self._committed(freed)
         return dropped
 
@@ -1017,6 +1088,144 @@ class Spool:
             ).fetchone()
             self.count, self.bytes = int(c), int(b)
             self._gauges_exact = True
+
+
+def _spool_error(text: str, exc: sqlite3.Error) -> SpoolError:
+    """The SpoolError for an SQLite error: :class:`SpoolCorruptError` when the file is damaged."""
+    return SpoolCorruptError(text) if _looks_corrupt(exc) else SpoolError(text)
+
+
+@dataclasses.dataclass
+class Salvage:
+    """What :func:`_salvage` read from a damaged database."""
+
+    rows: int = 0
+    rejected: int = 0
+    #: Id ranges (first, last) that could not be read (rows may or may not have been there).
+    unreadable: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+
+    @property
+    def unreadable_ids(self) -> int:
+        return sum(b - a + 1 for a, b in self.unreadable)
+
+
+#: Rows read (and written) at a time by a salvage.
+_SALVAGE_BATCH = 1000
+
+
+def _salvage(src: Path, dst: sqlite3.Connection) -> Salvage:
+    """Copy every row of the damaged spool database ``src`` that can still be read into
+    ``dst`` (a fresh spool's connection), with its id, and the watermark; then the
+    rejected rows, if their table can be read whole.
+
+    Rows are read in id order, a batch at a time; where a read fails (a damaged page), the
+    next id from which reading works is found by probing ever further ahead, then
+    bisecting back, and the ids skipped are noted as unreadable. Nothing of ``src`` is
+    written: it is opened read-only, and stays where it is for inspection."""
+    out = Salvage()
+    try:
+        conn = sqlite3.connect(f"{src.as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        log.error("spool %s: cannot open it to salvage rows: %s", src, exc)
+        return out
+    try:
+        try:
+            (mark,) = conn.execute(
+                "SELECT value FROM meta WHERE name = 'replayed_through'"
+            ).fetchone()
+            mark = int(mark)
+        except (sqlite3.Error, TypeError, ValueError):
+            mark = 0
+        dst.execute("UPDATE meta SET value = ? WHERE name = 'replayed_through'", (mark,))
+        after, limit = mark, _SALVAGE_BATCH
+        while True:
+            try:
+                rows = conn.execute(
+                    "SELECT id, topic, key, value, headers, ts, seq FROM records_all "
+                    "WHERE id > ? ORDER BY id LIMIT ?",
+                    (after, limit),
+                ).fetchall()
+            except sqlite3.Error:
+                if limit > 1:  # a row of this batch is unreadable: go on one row at a time
+                    limit = 1
+                    continue
+                # The very next row cannot be read: skip to where reading works again.
+                resume = _next_readable(conn, after)
+                if resume is None:  # nothing readable above: up to the last id, if known
+                    try:
+                        (top,) = conn.execute("SELECT max(id) FROM records_all").fetchone()
+                    except sqlite3.Error:
+                        top = None
+                    out.unreadable.append((after + 1, max(after + 1, int(top or 0))))
+                    break
+                out.unreadable.append((after + 1, resume))
+                after = resume
+                continue
+            if not rows:
+                break
+            dst.execute("BEGIN")
+            dst.executemany(
+                "INSERT INTO records_all (id, topic, key, value, headers, ts, seq, size) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(*r, row_size(r[1:])) for r in rows],
+            )
+            dst.execute("COMMIT")
+            out.rows += len(rows)
+            after = rows[-1][0]
+            if len(rows) < limit:
+                break
+            if limit < _SALVAGE_BATCH:  # past the damage: batches again, growing back
+                limit = min(_SALVAGE_BATCH, limit * 2)
+        try:
+            rejected = conn.execute(
+                "SELECT topic, key, value, headers, ts, seq, error, at FROM rejected"
+            ).fetchall()
+        except sqlite3.Error as exc:
+            log.error("spool %s: its rejected rows cannot be read (%s); left there", src, exc)
+        else:
+            dst.execute("BEGIN")
+            dst.executemany(
+                "INSERT INTO rejected (topic, key, value, headers, ts, seq, error, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rejected,
+            )
+            dst.execute("COMMIT")
+            out.rejected = len(rejected)
+    finally:
+        conn.close()
+    return out
+
+
+def _next_readable(conn: sqlite3.Connection, after: int) -> int | None:
+    """A read of the rows above ``after`` failed: the smallest ``p > after`` found from
+    which a read works (rows above ``p`` can be read, or there are none), or None when
+    none works below 2^62."""
+
+    def works(p: int) -> bool:
+        try:
+            conn.execute(
+                "SELECT id FROM records_all WHERE id > ? ORDER BY id LIMIT 1", (p,)
+            ).fetchall()
+        except sqlite3.Error:
+            return False
+        return True
+
+    lo, step, hi = after, 1, None
+    while step < 1 << 62:
+        if works(after + step):
+            hi = after + step
+            break
+        lo = after + step
+        step *= 2
+    if hi is None:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if works(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _quick_check(conn: sqlite3.Connection) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logsdk.errors import ConfigError, SpoolLockedError
+from logsdk.errors import ConfigError, SpoolCorruptError, SpoolLockedError
 from logsdk.spool import Spool, decode_headers, encode_headers
 from logsdk.spool._spool import id_runs, row_size
 
@@ -155,6 +156,98 @@ def test_corrupt_file_moved_aside(tmp_path: Path) -> None:
         assert list(tmp_path.glob("spool.db.corrupt-*"))
     finally:
         sp2.close()
+
+
+def _damaged(tmp_path: Path, rows: int = 3000, *, keep_summary: bool) -> list[int]:
+    """A closed spool of ``rows`` rows of 1000 bytes (ids 1..rows, seq = id - 1) with one
+    page in the middle of its table overwritten, as a disk error would; the file's mtime
+    kept. Without the clean-close summary, the next open runs quick_check. Returns the ids."""
+    sp = Spool(tmp_path).open()
+    sp.reserve_seq(rows)
+    sp.append([("t", None, bytes(1000), None, 1, i) for i in range(rows)])
+    sp.close()
+    db = tmp_path / "spool.db"
+    st_ = db.stat()
+    with db.open("r+b") as f:
+        f.seek(st_.st_size // 2 // 4096 * 4096)
+        f.write(b"\xff" * 4096)
+    os.utime(db, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    if not keep_summary:
+        state = json.loads((tmp_path / "state.json").read_text())
+        state.pop("closed")
+        (tmp_path / "state.json").write_text(json.dumps(state))
+    return list(range(1, rows + 1))
+
+
+def _ids_and_seqs(sp: Spool) -> list[tuple[int, int]]:
+    return [(r[0], r[6]) for r in sp.read_after(0, 10**6)]
+
+
+def test_a_damaged_file_found_at_open_is_set_aside_and_every_readable_row_kept(
+    tmp_path: Path,
+) -> None:
+    """quick_check fails at open: the file is set aside (kept), and every row that can still
+    be read is copied into a fresh spool under its own id and seq; the ids that could not
+    be read are counted, and all the others are there."""
+    ids = _damaged(tmp_path, keep_summary=False)
+    sp = Spool(tmp_path).open()
+    try:
+        assert sp.corrupt_files_moved == 1
+        assert list(tmp_path.glob("spool.db.corrupt-*"))
+        got = _ids_and_seqs(sp)
+        assert all(seq == rid - 1 for rid, seq in got)
+        kept = {rid for rid, _ in got}
+        assert 0 < len(kept) < len(ids)
+        assert sp.count == len(kept)
+        assert sp.unreadable_ids >= len(ids) - len(kept)
+        assert sp.unreadable_ids < 20  # one 4 KiB page holds a few rows, not the table
+        assert sp.seq_reserved >= len(ids)
+        sp.append([("t", None, b"new", None, 1, len(ids))])
+        assert sp.read_after(len(ids), 10)[0][0] > len(ids)  # ids stay above the old ones
+    finally:
+        sp.close()
+
+
+def test_a_damaged_page_found_by_a_read_rebuilds_the_open_spool(tmp_path: Path) -> None:
+    """The clean-close summary lets open skip quick_check; the damaged page is found by a
+    read (SpoolCorruptError). rebuild() sets the file aside and goes on with the readable
+    rows, under the same ids, in the same (open) spool."""
+    ids = _damaged(tmp_path, keep_summary=True)
+    sp = Spool(tmp_path).open()
+    try:
+        assert sp.corrupt_files_moved == 0
+        with pytest.raises(SpoolCorruptError) as info:
+            sp.read_after(0, 10**6)
+        assert info.value.corrupt
+        sp.rebuild(str(info.value))
+        assert sp.corrupt_files_moved == 1
+        got = _ids_and_seqs(sp)
+        kept = {rid for rid, _ in got}
+        assert 0 < len(kept) < len(ids)
+        assert sp.count == len(kept)
+        assert sp.unreadable_ids >= len(ids) - len(kept)
+        assert sp.delete_through(max(kept)) == len(kept)
+        assert sp.count == 0
+        assert not sp.holds_rows()
+    finally:
+        sp.close()
+
+
+def test_gauges_never_go_below_zero(tmp_path: Path) -> None:
+    """Gauges that are off (rows gone behind the spool's back) are counted again from the
+    table when a delete would take them below zero, never shown negative."""
+    sp = Spool(tmp_path).open()
+    try:
+        sp.append([("t", None, b"x", None, 1, i) for i in range(10)])
+        sp.count, sp.bytes = 3, 10  # as if other writes had been lost
+        sp.delete(range(1, 11))
+        assert (sp.count, sp.bytes) == (0, 0)
+        sp.append([("t", None, b"x", None, 1, 10)])
+        sp.count = 0  # the gauge says empty, the table does not
+        assert sp.holds_rows()
+        assert sp.count == 1
+    finally:
+        sp.close()
 
 
 def _gauges(sp: Spool) -> tuple[int, int, int, int]:
