@@ -1,4 +1,5 @@
-"""``logsdk spool status|replay|export DIR``: look into a producer's spool, drain it."""
+"""``logsdk spool status|check|replay|export DIR``: look into a producer's spool, check it,
+drain it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from urllib.parse import quote
 
 from logsdk._cli._common import (
     Subparsers,
+    UsageError,
     add_command,
     add_kafka_options,
     err,
@@ -26,6 +28,7 @@ from logsdk._cli._common import (
     sigterm_as_interrupt,
 )
 from logsdk.errors import SpoolError
+from logsdk.spool._check import check_spool_dir
 from logsdk.spool._slots import is_free, slot_indexes, slot_path
 from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME, decode_headers
 
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 
 
 def register(sub: Subparsers) -> None:
-    """Add ``logsdk spool`` and its three subcommands."""
+    """Add ``logsdk spool`` and its subcommands."""
     group = add_command(
         sub,
         "spool",
@@ -42,12 +45,13 @@ def register(sub: Subparsers) -> None:
         description=(
             "A LogProducer keeps records Kafka has not acknowledged in an SQLite spool "
             "in its spool dir: one slot per live process (the dir itself is slot 0, "
-            "slots/1, slots/2... the others). `status` and `export` read every slot "
-            "read-only, without the producers' locks, so they work while producers run; "
-            "`replay` sends to Kafka what the slots no live producer holds contain."
+            "slots/1, slots/2... the others). `status`, `check` and `export` read every "
+            "slot read-only, without the producers' locks, so they work while producers "
+            "run; `replay` sends to Kafka what the slots no live producer holds contain."
         ),
         examples="""
             logsdk spool status /var/lib/myapp/logsdk
+            logsdk spool check /var/lib/myapp/logsdk
             logsdk spool export /var/lib/myapp/logsdk -o pending.jsonl
             logsdk spool replay /var/lib/myapp/logsdk -b kafka1:9092
         """,
@@ -67,6 +71,29 @@ def register(sub: Subparsers) -> None:
     st.add_argument("dir", type=Path, help="the producer's spool_dir")
     st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(func=run_status)
+
+    ck = add_command(
+        actions,
+        "check",
+        help="check every slot: integrity, counts, seqs, identity, files (read-only)",
+        description=(
+            "Check what must hold in every slot of a spool dir: SQLite's integrity_check, "
+            "the rows against the summary of the last clean close, no seq twice, every seq "
+            "below the reservation, the identity in the database and in state.json alike, "
+            "the files' owner and modes; corrupt files moved aside are named. One line per "
+            "finding (problem: or note:), then a summary line. Read-only, without the "
+            "producers' locks: safe while producers run (a live slot is checked too). "
+            "Exit status 0 when no problem was found, 1 when one was, 2 when DIR is not a "
+            "spool dir."
+        ),
+        examples="""
+            logsdk spool check /var/lib/myapp/logsdk
+            logsdk spool check /var/lib/myapp/logsdk --json | jq '.slots[].findings'
+        """,
+    )
+    ck.add_argument("dir", type=Path, help="the producer's spool_dir")
+    ck.add_argument("--json", action="store_true", help="print one JSON object")
+    ck.set_defaults(func=run_check)
 
     ex = add_command(
         actions,
@@ -303,6 +330,21 @@ def run_status(args: argparse.Namespace) -> int:
                 f"{t['oldest']} -> {t['newest']}"
             )
     return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Print the findings of every slot and a summary line; 1 when a problem was found."""
+    try:
+        result = check_spool_dir(args.dir)
+    except SpoolError as exc:  # not a spool dir at all: the command line is wrong
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        for finding in result.findings:
+            print(f"{finding.severity}: {finding}")
+        print(result.summary())
+    return 0 if result.ok else 1
 
 
 def _field(data: bytes | None) -> Any:

@@ -17,6 +17,7 @@ COMMANDS = [
     ["tail"],
     ["spool"],
     ["spool", "status"],
+    ["spool", "check"],
     ["spool", "export"],
     ["spool", "replay"],
     ["bench"],
