@@ -1,15 +1,45 @@
-"""Shared helpers for the test suite (the fixtures come from logsdk.testing.pytest_plugin)."""
+"""Shared helpers for the test suite (the Kafka fixtures come from
+logsdk.testing.pytest_plugin).
+
+Every client or process a test starts is stopped at the end of the test, whether it
+passed or failed: a client left running (its frame kept by a failure's traceback) goes
+on reconnecting to a broker that is gone for the rest of the run. The factory fixtures
+below (``make_producer``, ``make_consumer``, ``make_kafka_producer``,
+``make_kafka_consumer``, ``spawn``) remember what they made and stop it at teardown,
+before any fixture the test used (a broker, ``tmp_path``) is torn down; stopping twice is
+harmless, so a test still closes what it made where closing is what it shows. Outside a
+test function, use ``with`` or ``try``/``finally`` (``kafka_producer`` for a raw
+producer). The raw confluent-kafka clients made here log through :data:`RDLOG`, so that
+pytest captures librdkafka's lines instead of them going to the process's stderr.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from logsdk import LogConsumer, LogProducer
 from logsdk.testing._settings import FAST_RECOVERY
 
 #: Producer settings that make fault tests quick: probes and stalls on a short leash.
 FAST: dict[str, Any] = FAST_RECOVERY
+
+#: librdkafka's log lines of the raw clients the tests make (the library's own clients log
+#: to ``logsdk.librdkafka``).
+RDLOG = logging.getLogger("tests.librdkafka")
+
+#: What a teardown gives a client the test left open: delivering to a broker that is
+#: already gone cannot succeed, and a passing test closed it itself where that mattered.
+TEARDOWN_TIMEOUT_S = 5.0
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.05) -> None:
@@ -55,3 +85,114 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         return len(_LONG_FIRST)
 
     items.sort(key=rank)  # stable: the order inside each group is kept
+
+
+def rdkafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with librdkafka's log lines routed to :data:`RDLOG` (unless it names a
+    logger of its own)."""
+    return {"logger": RDLOG, **config}
+
+
+def close_kafka_producer(p: Producer, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
+    """Drop what ``p`` still holds and free its threads. ``close()`` alone waits for every
+    record, up to ``message.timeout.ms``; a closed producer is left as it is."""
+    with contextlib.suppress(RuntimeError):  # closed already
+        # blocking=True is librdkafka's non-blocking purge (logsdk.producer._client).
+        p.purge(in_queue=True, in_flight=True, blocking=True)
+        p.flush(timeout)
+        p.close()
+
+
+@contextlib.contextmanager
+def kafka_producer(config: Mapping[str, Any]) -> Iterator[Producer]:
+    """A raw confluent-kafka producer, closed on the way out (also on an error)."""
+    p = Producer(rdkafka_config(config))
+    try:
+        yield p
+    finally:
+        close_kafka_producer(p)
+
+
+def reap(proc: subprocess.Popen[Any], group: bool = False) -> None:
+    """Kill ``proc`` (and its process group with ``group``) if it still runs, wait for it
+    and close its pipes."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+@pytest.fixture
+def make_producer(request: pytest.FixtureRequest) -> Callable[..., LogProducer]:
+    """Factory: ``make_producer(*args, **kw)`` is ``LogProducer(*args, **kw)``, closed at
+    teardown (``close(TEARDOWN_TIMEOUT_S)``; one the test closed returns at once)."""
+
+    def make(*args: Any, **kw: Any) -> LogProducer:
+        p = LogProducer(*args, **kw)
+        # The item's finalizers run before those of its fixtures: the broker is still up.
+        request.node.addfinalizer(lambda: p.close(TEARDOWN_TIMEOUT_S))
+        return p
+
+    return make
+
+
+@pytest.fixture
+def make_consumer(request: pytest.FixtureRequest) -> Callable[..., LogConsumer]:
+    """Factory: ``make_consumer(*args, **kw)`` is ``LogConsumer(*args, **kw)`` (not started),
+    stopped at teardown (``stop()`` on a stopped consumer is harmless)."""
+
+    def make(*args: Any, **kw: Any) -> LogConsumer:
+        c = LogConsumer(*args, **kw)
+        request.node.addfinalizer(lambda: c.stop(TEARDOWN_TIMEOUT_S))
+        return c
+
+    return make
+
+
+@pytest.fixture
+def make_kafka_producer(request: pytest.FixtureRequest) -> Callable[..., Producer]:
+    """Factory of raw confluent-kafka producers (logging to :data:`RDLOG`), purged and
+    closed at teardown."""
+
+    def make(config: Mapping[str, Any]) -> Producer:
+        p = Producer(rdkafka_config(config))
+        request.node.addfinalizer(lambda: close_kafka_producer(p))
+        return p
+
+    return make
+
+
+@pytest.fixture
+def make_kafka_consumer(request: pytest.FixtureRequest) -> Callable[..., Consumer]:
+    """Factory of raw confluent-kafka consumers (logging to :data:`RDLOG`), closed at
+    teardown (a second close() is harmless)."""
+
+    def make(config: Mapping[str, Any]) -> Consumer:
+        c = Consumer(rdkafka_config(config))
+        request.node.addfinalizer(c.close)
+        return c
+
+    return make
+
+
+@pytest.fixture
+def spawn(request: pytest.FixtureRequest) -> Callable[..., subprocess.Popen[Any]]:
+    """Factory: ``spawn(args, **popen_kw)`` is ``subprocess.Popen(args, **popen_kw)``; the
+    process (its group, with ``start_new_session=True``) is killed at teardown if it still
+    runs, and its pipes closed."""
+
+    def start(args: Any, **kw: Any) -> subprocess.Popen[Any]:
+        proc: subprocess.Popen[Any] = subprocess.Popen(args, **kw)
+        group = bool(kw.get("start_new_session"))
+        request.node.addfinalizer(lambda: reap(proc, group))
+        return proc
+
+    return start

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from confluent_kafka import Producer
-
 from logsdk._types import ClientConfig
-from tests.conftest import wait_until
+from tests.conftest import kafka_producer, wait_until
 
 __all__ = ["produce", "wait_until"]
 
@@ -25,9 +23,8 @@ def produce(
     start_seq: int = 0,
 ) -> None:
     """Produce ``n`` records round-robin over ``partitions`` with logsdk producer headers."""
-    p = Producer({**config, "linger.ms": 5, "enable.idempotence": True})
     pad = b"x" * value_bytes
-    try:
+    with kafka_producer({**config, "linger.ms": 5, "enable.idempotence": True}) as p:
         for i in range(n):
             seq = start_seq + i
             p.produce(
@@ -41,5 +38,3 @@ def produce(
                 p.poll(0)
         left = p.flush(60)
         assert left == 0, f"{left} records not delivered"
-    finally:
-        del p

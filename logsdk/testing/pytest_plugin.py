@@ -262,5 +262,6 @@ def broker_factory() -> Iterator[Callable[..., EmbeddedBroker]]:
         return broker.start()
 
     yield make
-    for b in brokers:
-        b.stop(timeout=2.0)
+    with contextlib.ExitStack() as stopping:  # every broker stopped, even if one stop raises
+        for b in brokers:
+            stopping.callback(b.stop, timeout=2.0)

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from logsdk import LogProducer
 from logsdk.testing import free_port, read_topic, tansu_binary
 from logsdk.testing.pytest_plugin import KafkaTarget
-from tests.conftest import FAST, wait_until
+from tests.conftest import FAST, rdkafka_config, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,10 +249,12 @@ def test_broker_command_serves_topics_and_stops_on_sigterm(tmp_path: Path) -> No
                     assert sel.select(timeout=60), "no bootstrap address within 60 s"
                 bootstrap = proc.stdout.readline().strip()
                 assert bootstrap.startswith("127.0.0.1:")
-                admin = AdminClient({"bootstrap.servers": bootstrap})
-                md = admin.list_topics("cli-topic", timeout=10).topics["cli-topic"]
+                admin = AdminClient(rdkafka_config({"bootstrap.servers": bootstrap}))
+                try:
+                    md = admin.list_topics("cli-topic", timeout=10).topics["cli-topic"]
+                finally:
+                    del admin  # freed (no close() to call) before its broker goes
                 assert len(md.partitions) == 2
-                del admin
                 proc.send_signal(signal.SIGTERM)
                 assert proc.wait(timeout=30) == 0
             finally:

@@ -28,7 +28,9 @@ class _Lines(logging.Handler):
 
 
 def test_purge_without_waiting_is_librdkafkas_non_blocking_purge(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    make_kafka_producer: Callable[..., Producer],
 ) -> None:
     topic = fresh_topic(1)
     lines = _Lines()
@@ -36,7 +38,7 @@ def test_purge_without_waiting_is_librdkafkas_non_blocking_purge(
     rdlog.addHandler(lines)
     rdlog.setLevel(logging.DEBUG)
     rdlog.propagate = False
-    client = Producer(
+    client = make_kafka_producer(
         {"bootstrap.servers": kafka_broker.bootstrap_servers, "debug": "queue", "logger": rdlog}
     )
     client.produce(topic, b"x")

@@ -19,6 +19,7 @@ from logsdk.testing import EmbeddedBroker, create_topic, port_is_free, read_topi
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
 BrokerFactory = Callable[..., EmbeddedBroker]
+ProducerFactory = Callable[..., Producer]
 
 
 class Deliveries:
@@ -50,12 +51,14 @@ def _wait(cond: Callable[[], bool], timeout: float, poll: Callable[[], object]) 
     return False
 
 
-def test_starts_and_answers(broker_factory: BrokerFactory) -> None:
+def test_starts_and_answers(
+    broker_factory: BrokerFactory, make_kafka_producer: ProducerFactory
+) -> None:
     """start() returns a broker that creates topics and takes records."""
     b = broker_factory()
     assert b.is_running()
     topic = create_topic(b.bootstrap_servers, "answers", 2)
-    p = Producer(b.client_config("producer"))
+    p = make_kafka_producer(b.client_config("producer"))
     d = Deliveries()
     _produce(p, topic, 100, d)
     assert p.flush(10) == 0
@@ -63,12 +66,14 @@ def test_starts_and_answers(broker_factory: BrokerFactory) -> None:
     assert len(read_topic(b.bootstrap_servers, topic)) == 100
 
 
-def test_kill_restart_same_port_producer_reconnects(broker_factory: BrokerFactory) -> None:
+def test_kill_restart_same_port_producer_reconnects(
+    broker_factory: BrokerFactory, make_kafka_producer: ProducerFactory
+) -> None:
     """After kill() and restart() the broker is back on the same port and a producer resumes."""
     b = broker_factory()
     port = b.port
     topic = create_topic(b.bootstrap_servers, "restart", 1)
-    p = Producer({**b.client_config("producer"), "message.timeout.ms": 30000})
+    p = make_kafka_producer({**b.client_config("producer"), "message.timeout.ms": 30000})
     d = Deliveries()
     _produce(p, topic, 10, d)
     assert p.flush(10) == 0
@@ -87,11 +92,15 @@ def test_kill_restart_same_port_producer_reconnects(broker_factory: BrokerFactor
     assert len(read_topic(b.bootstrap_servers, topic)) == 10
 
 
-def test_durable_records_survive_kill(broker_factory: BrokerFactory) -> None:
+def test_durable_records_survive_kill(
+    broker_factory: BrokerFactory, make_kafka_producer: ProducerFactory
+) -> None:
     """With durable=True every acknowledged record is still there after SIGKILL + restart."""
     b = broker_factory(durable=True)
     topic = create_topic(b.bootstrap_servers, "durable", 3)
-    p = Producer({**b.client_config("producer"), "enable.idempotence": True, "linger.ms": 5})
+    p = make_kafka_producer(
+        {**b.client_config("producer"), "enable.idempotence": True, "linger.ms": 5}
+    )
     d = Deliveries()
     _produce(p, topic, 5000, d)
     assert p.flush(30) == 0
@@ -102,11 +111,13 @@ def test_durable_records_survive_kill(broker_factory: BrokerFactory) -> None:
     assert sorted(int(m.key() or b"-1") for m in got) == list(range(5000))
 
 
-def test_pause_fails_deliveries_then_resume_succeeds(broker_factory: BrokerFactory) -> None:
+def test_pause_fails_deliveries_then_resume_succeeds(
+    broker_factory: BrokerFactory, make_kafka_producer: ProducerFactory
+) -> None:
     """While paused, deliveries time out; after resume() new ones succeed."""
     b = broker_factory()
     topic = create_topic(b.bootstrap_servers, "pause", 1)
-    p = Producer(
+    p = make_kafka_producer(
         {**b.client_config("producer"), "message.timeout.ms": 3000, "reconnect.backoff.max.ms": 200}
     )
     d = Deliveries()
@@ -124,11 +135,13 @@ def test_pause_fails_deliveries_then_resume_succeeds(broker_factory: BrokerFacto
     assert d.ok == 5
 
 
-def test_cut_fails_deliveries_then_heal_succeeds(broker_factory: BrokerFactory) -> None:
+def test_cut_fails_deliveries_then_heal_succeeds(
+    broker_factory: BrokerFactory, make_kafka_producer: ProducerFactory
+) -> None:
     """cut() makes deliveries fail while the broker runs; heal() lets them through."""
     b = broker_factory(proxy=True)
     topic = create_topic(b.bootstrap_servers, "cut", 1)
-    p = Producer(
+    p = make_kafka_producer(
         {**b.client_config("producer"), "message.timeout.ms": 3000, "reconnect.backoff.max.ms": 200}
     )
     d = Deliveries()
@@ -146,14 +159,16 @@ def test_cut_fails_deliveries_then_heal_succeeds(broker_factory: BrokerFactory) 
     assert len(read_topic(b.bootstrap_servers, topic)) == 10
 
 
-def test_two_brokers_at_once(broker_factory: BrokerFactory) -> None:
+def test_two_brokers_at_once(
+    broker_factory: BrokerFactory, make_kafka_producer: ProducerFactory
+) -> None:
     """Two embedded brokers run side by side on different ports, each with its own data."""
     a, b = broker_factory(), broker_factory()
     assert a.port != b.port
     create_topic(a.bootstrap_servers, "only-a", 1)
     create_topic(b.bootstrap_servers, "only-b", 1)
     for broker in (a, b):
-        p = Producer(broker.client_config("producer"))
+        p = make_kafka_producer(broker.client_config("producer"))
         p.produce("only-a" if broker is a else "only-b", b"x")
         assert p.flush(10) == 0
     assert len(read_topic(a.bootstrap_servers, "only-a")) == 1

@@ -18,12 +18,14 @@ pytestmark = pytest.mark.integration
 
 
 def test_fresh_topics_are_unique(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    make_kafka_producer: Callable[..., Producer],
 ) -> None:
     """Each fresh_topic() call makes a new topic with the partitions asked for."""
     a, b = fresh_topic(2), fresh_topic(5)
     assert a != b
-    p = Producer(kafka_broker.client_config("producer"))
+    p = make_kafka_producer(kafka_broker.client_config("producer"))
     for part in range(5):
         p.produce(b, b"x", partition=part)
     assert p.flush(10) == 0

@@ -64,6 +64,7 @@ def _wait(pid: int, timeout: float = 90) -> int:
 def test_forked_child_sends_under_its_own_identity(
     kafka_broker: KafkaTarget,
     fresh_topic: Callable[..., str],
+    make_producer: Callable[..., LogProducer],
     tmp_path: Path,
     buffer: str,
     first_send: str,
@@ -77,7 +78,7 @@ def test_forked_child_sends_under_its_own_identity(
     their random generator) is another case: the child may find a lock held for ever
     (docs/engineering/processes-and-shutdown.md; tests/fault/test_fork_resolver.py)."""
     topic = fresh_topic(2)
-    p = LogProducer(
+    p = make_producer(
         kafka_broker.bootstrap_servers, topic, tmp_path, buffer=buffer, shm_bytes=1 << 20
     )
     parent_id = p.producer_id
@@ -120,12 +121,15 @@ def test_forked_child_sends_under_its_own_identity(
 
 
 def test_a_child_that_never_uses_the_producer_leaves_the_parent_alone(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
 ) -> None:
     """A forked child that only closes the inherited producer (as dictConfig in gunicorn's
     post_fork does) returns at once, takes no slot, and the parent delivers everything."""
     topic = fresh_topic(1)
-    p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    p = make_producer(kafka_broker.bootstrap_servers, topic, tmp_path)
     for i in range(1000):
         p.send(b"%d" % i)
 
@@ -147,7 +151,10 @@ def test_a_child_that_never_uses_the_producer_leaves_the_parent_alone(
 
 
 def test_a_free_slot_with_leftovers_is_delivered_by_the_next_producer(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
 ) -> None:
     """Slot 2 holds records of a process that is gone (under the slot's own producer id):
     the next producer on spool_dir takes slot 0 and its flush() delivers slot 2's records
@@ -157,7 +164,7 @@ def test_a_free_slot_with_leftovers_is_delivered_by_the_next_producer(
     orphan_id = leftover.producer_id
     leftover.append([(topic, None, b"left-%d" % i, None, 1_700_000_000_000, i) for i in range(50)])
     leftover.close()
-    p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    p = make_producer(kafka_broker.bootstrap_servers, topic, tmp_path)
     assert p.stats()["slot"] == 0
     assert p.stats()["draining_slots"] == 1
     p.send(b"own")
@@ -286,7 +293,9 @@ def test_a_stopped_consumer_leaves_no_librdkafka_thread(
     gc.collect()
     before = _librdkafka_threads()
     c = _consumer_with_dead_letters(kafka_broker.bootstrap_servers, topic)
-    assert len(_librdkafka_threads()) > len(before)
-    c.stop(30)
+    try:
+        assert len(_librdkafka_threads()) > len(before)
+    finally:
+        c.stop(30)
     # None of the consumer's is left (another test's client may have ended meanwhile).
     assert Counter(_librdkafka_threads()) - Counter(before) == Counter()

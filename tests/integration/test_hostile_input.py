@@ -154,12 +154,14 @@ def test_a_spooled_record_kafka_or_librdkafka_refuses_is_set_aside_and_replay_go
 
 
 def test_losing_state_json_never_makes_the_dedupe_drop_new_records(
-    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
+    broker_factory: Callable[..., EmbeddedBroker],
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
 ) -> None:
     """Kafka down, 5 records spooled; state.json deleted; the next producer replays them and
     sends 5 new ones: a SQLiteSink deduping by (producer, seq) stores all 10."""
     port = free_port()
-    p = LogProducer(f"127.0.0.1:{port}", "ids", tmp_path / "spool", **FAST)
+    p = make_producer(f"127.0.0.1:{port}", "ids", tmp_path / "spool", **FAST)
     for i in range(5):
         p.send(b"old-%d" % i)
     p.close(0)
@@ -307,13 +309,16 @@ def test_kafka_handler_delivers_a_line_holding_undecodable_bytes(
 
 
 def test_two_threads_closing_at_once_both_return_after_delivery(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
 ) -> None:
     """Two threads call close() at once (an app's shutdown hook and its atexit): the second
     waits for the first, so when either returns every record is in Kafka."""
 
     topic = fresh_topic(1)
-    p = LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path)
+    p = make_producer(kafka_broker.bootstrap_servers, topic, tmp_path)
     for i in range(20_000):
         p.send(b"%d" % i)
     counts: list[int] = []

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from logsdk import LogConsumer, LogProducer, Record
 from logsdk.testing import MockCluster, check_delivery, read_topic
-from tests.conftest import wait_until
+from tests.conftest import kafka_producer, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.mock_cluster]
 
@@ -75,10 +74,10 @@ def test_producer_rides_out_one_broker_down_while_the_others_serve(
 
 
 def _fill(bootstrap: str, topic: str, n: int) -> None:
-    prod = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for i in range(n):
-        prod.produce(topic, b"%d" % i, partition=0)
-    assert prod.flush(30) == 0
+    with kafka_producer({"bootstrap.servers": bootstrap, "enable.idempotence": True}) as prod:
+        for i in range(n):
+            prod.produce(topic, b"%d" % i, partition=0)
+        assert prod.flush(30) == 0
 
 
 def test_out_of_order_progress_survives_a_restart_through_commit_metadata(
