@@ -15,6 +15,8 @@ import enum
 import threading
 from typing import TYPE_CHECKING, Any
 
+from logsdk._owner import Owner
+
 if TYPE_CHECKING:
     from confluent_kafka import Producer
 
@@ -36,6 +38,22 @@ class State(str, enum.Enum):
     CLOSED = "CLOSED"
 
 
+class ErrorCounts(collections.Counter[str]):
+    """Errors by kind, counted from any thread: the send path, the pump, the health
+    thread, flush() and close() all add to it, sometimes to the same kind, so each
+    increment takes a lock of its own (a leaf lock: nothing is called while it is held).
+    Read as a plain dict (``dict(counts)`` is one C call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._add_lock = threading.Lock()
+
+    def add(self, kind: str, n: int = 1) -> None:
+        """Count ``n`` more errors of ``kind``."""
+        with self._add_lock:
+            self[kind] += n
+
+
 class _Core:
     """The shared state, declared by owner; and the two calls every layer makes."""
 
@@ -54,7 +72,7 @@ class _Core:
     _n_dropped: int
     _n_rejected: int
     _closing: bool
-    _errors: collections.Counter[str]
+    _errors: ErrorCounts  # any thread, through add()
     _closed: threading.Event  # close() has finished (the first call)
     _done: threading.Condition  # notified after every pump step
     _pump: threading.Thread
@@ -119,6 +137,10 @@ class _Core:
     _n_replayed: int
 
     # -- _pump: the pump thread and the state machine --
+    # The state only the pump thread may touch (the failed records, the replay, delivery
+    # reports, the state machine, seq reservations; the spool has an Owner of its own):
+    # handed to the pump before it starts, taken back by close() once it has ended.
+    _pump_owner: Owner
     _state: State
     _transitions: int
     _degraded_s: float  # time spent DEGRADED, up to the last state change
@@ -126,7 +148,8 @@ class _Core:
     _last_idle: float  # when nothing was last in flight (the stall detector's other clock)
     # Log lines of the pump made while it holds _lock, written once it let go.
     _deferred_logs: list[tuple[int, str, tuple[Any, ...]]]
-    # -- requests from other threads to the pump --
+    # -- requests from other threads to the pump (guarded by _request_lock) --
+    _request_lock: threading.Lock  # a leaf lock: taken with or without _lock held
     _want_degrade: str | None
     # Each degrade starts a new epoch; the health thread asks for a recovery with the
     # epoch its good probes were counted in, and a request from an older epoch (probes
@@ -155,8 +178,9 @@ class _Core:
 
     def _request_degrade(self, reason: str) -> None:
         """Ask the pump to degrade (any thread): the first reason since its last step wins."""
-        if self._want_degrade is None:
-            self._want_degrade = reason
+        with self._request_lock:
+            if self._want_degrade is None:
+                self._want_degrade = reason
         self._wake.set()
 
     def _start(self) -> None:

@@ -157,7 +157,7 @@ class _Custody(_InFlight):
         try:
             return self._produce_rec(rec)
         except (KafkaException, ValueError, TypeError) as exc:
-            self._errors["rejected"] += 1
+            self._errors.add("rejected")
             self._n_rejected += 1
             self._deferred_logs.append(
                 (
@@ -171,6 +171,7 @@ class _Custody(_InFlight):
 
     def _spool_pending(self, limit: int | None = None) -> bool:
         """Commit failed records, then the backlog's head, to the spool. True if more left."""
+        self._pump_owner.check("commit records to the spool")
         if self._alarm is not None and time.monotonic() < self._disk_retry_at:
             return False
         if self._failed:
@@ -307,7 +308,7 @@ class _Custody(_InFlight):
             log.error("spool unusable, records kept in memory until it recovers: %s", exc)
         self._alarm = str(exc)
         self._alarm_op = op
-        self._errors["spool_io"] += 1
+        self._errors.add("spool_io")
         self._disk_retry_at = time.monotonic() + 1.0
 
     def _rebuild_spool(self, exc: SpoolError) -> bool:
@@ -316,7 +317,7 @@ class _Custody(_InFlight):
         if now - self._rebuilt_at < 60.0:
             return False  # damaged again so soon: the disk itself fails; raise the alarm
         self._rebuilt_at = now
-        self._errors["spool_rebuilt"] += 1
+        self._errors.add("spool_rebuilt")
         try:
             self._spool.rebuild(str(exc))
         except SpoolError as again:

@@ -63,7 +63,7 @@ class _Health(_Processes):
                 try:
                     self._scan_slots()
                 except Exception:  # a bug: say so, keep probing
-                    self._errors["slot_drain"] += 1
+                    self._errors.add("slot_drain")
                     log.exception("logsdk: looking for slots left by other processes failed")
             if state in (State.ONLINE, State.RECOVERING):
                 backoff, good = _BACKOFF_START_S, 0

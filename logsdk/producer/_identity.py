@@ -99,7 +99,7 @@ class _Identity(_Core):
             self._spool.reserve_seq(limit)
         except SpoolError as exc:
             self._seq_retry_at = now + 1.0
-            self._errors["seq_reservation"] += 1
+            self._errors.add("seq_reservation")
             log.error("sequence numbers not reserved (retried in 1s): %s", exc)
             return
         with self._lock:

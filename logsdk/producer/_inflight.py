@@ -170,7 +170,7 @@ class _InFlight(_Identity):
                 return False
             if not isinstance(exc, KafkaException) or _client.is_record_exception(exc):
                 raise
-            self._errors["produce_error"] += 1
+            self._errors.add("produce_error")
             self._request_degrade(f"produce failed: {exc}")
             return False
         self._n_produced += 1
@@ -194,7 +194,7 @@ class _InFlight(_Identity):
             return
         if err.code() in _client.POSSIBLY_PERSISTED:
             self._n_possible_dups += 1
-        self._errors[err.name()] += 1
+        self._errors.add(err.name())
         self._failed.append(rec)  # before the count below: flush() must never miss it
         self._n_failed += 1
         self._request_degrade(f"delivery failed: {err.str()}")
@@ -202,7 +202,7 @@ class _InFlight(_Identity):
     def _reject(self, rec: Rec, err: KafkaError) -> None:
         with self._lock:
             self._n_rejected += 1
-        self._errors["rejected"] += 1
+        self._errors.add("rejected")
         log.error("record seq=%d rejected by Kafka (%s); set aside in the spool", rec[5], err.str())
         self._rejects.append((_row(rec), err.str()))
 
@@ -232,7 +232,7 @@ class _InFlight(_Identity):
     def _unconfirmed_seen(self) -> None:
         """Count one unconfirmed delivery report and degrade, so its record is resent."""
         self._n_unconfirmed += 1
-        self._errors["unconfirmed_ack"] += 1
+        self._errors.add("unconfirmed_ack")
         self._n_possible_dups += 1
         self._request_degrade(_UNCONFIRMED)
 
@@ -241,6 +241,7 @@ class _InFlight(_Identity):
         slots of the records it settled are flagged (one lock for the lot). Acknowledgements
         it served count as progress for the stall detector (one clock read per poll, not
         per record: delivery reports are only served inside poll() and flush())."""
+        self._pump_owner.check("serve delivery reports")
         if self._n_acked != self._acked_polled:
             self._acked_polled = self._n_acked
             self._last_ack = time.monotonic()
@@ -251,12 +252,13 @@ class _InFlight(_Identity):
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
-            self._errors["fatal"] += 1
+            self._errors.add("fatal")
             self._request_degrade(f"fatal client error: {err.str()}")
         elif _client.is_cluster_down(err):
             self._request_degrade(f"cluster unreachable: {err.str()}")
 
     def _retire_client(self) -> None:
+        self._pump_owner.check("retire the client")
         client, self._client = self._client, None
         if client is None:
             return

@@ -212,7 +212,7 @@ class _Processes(_Pump):
             except SpoolLockedError:
                 continue  # another process took the slot meanwhile
             except LogSDKError as exc:
-                self._errors["slot_drain"] += 1
+                self._errors.add("slot_drain")
                 log.warning("spool slot %s left by another process not drained: %s", path, exc)
                 continue
             log.info(

@@ -32,7 +32,6 @@ docs/engineering/design.md.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -55,7 +54,7 @@ from logsdk.errors import (
 )
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig, WhenFull, check_topic
-from logsdk.producer._core import State
+from logsdk.producer._core import ErrorCounts, State
 from logsdk.producer._health import _Health
 from logsdk.producer._process import _LIVE
 from logsdk.producer._records import (
@@ -199,7 +198,7 @@ class LogProducer(_Health):
         self._closing = False
         self._space = threading.Condition(self._lock)  # send() waiting for room
 
-        self._errors = collections.Counter()
+        self._errors = ErrorCounts()
         self._closed = threading.Event()  # close() has finished (the first call)
         self._done = threading.Condition()  # notified after every pump step
         self._init_custody()
@@ -233,6 +232,7 @@ class LogProducer(_Health):
         # From here on the spool (its connection, its files) is the pump's alone; close()
         # takes it back once the pump has ended.
         self._spool.owner.hand_to(self._pump)
+        self._pump_owner.hand_to(self._pump)
         self._pump.start()
         self._health.start()
 
@@ -247,9 +247,16 @@ class LogProducer(_Health):
             if self._client is None and self._state is State.ONLINE and not self._closing:
                 client = self._new_client()
                 with self._lock:
-                    self._client = client
-                    if self._state is State.ONLINE and not self._backlog:
-                        self._direct = True
+                    # The pump may have degraded meanwhile (it flips the state under _lock,
+                    # then owns _client until it recovers with a client of its own): then
+                    # this one is not needed, and holds nothing.
+                    mine = self._state is State.ONLINE and self._client is None
+                    if mine:
+                        self._client = client
+                        if not self._backlog:
+                            self._direct = True
+                if not mine:
+                    del client
             self._cold = False
 
     def _open_spool(self) -> tuple[int, Spool]:
@@ -299,7 +306,7 @@ class LogProducer(_Health):
         if size > self._max_bytes:
             with self._lock:
                 self._n_rejected += 1
-                self._errors["record_too_large"] += 1
+                self._errors.add("record_too_large")
             raise RecordTooLargeError(
                 f"record of {size} bytes exceeds message_max_bytes={self._max_bytes}"
             )
@@ -403,16 +410,16 @@ class LogProducer(_Health):
         (full, or broken: a degrade is requested), or raise when Kafka refuses the record."""
         if isinstance(exc, (ValueError, TypeError)):  # the client refused its fields
             self._n_rejected += 1
-            self._errors["record_rejected"] += 1
+            self._errors.add("record_rejected")
             self._release(rec)  # refused: not in custody
             raise SerializationError(f"librdkafka refused the record: {exc}") from exc
         if isinstance(exc, KafkaException):
             if _client.is_record_exception(exc):  # the record itself: not accepted
                 self._n_rejected += 1
-                self._errors["record_rejected"] += 1
+                self._errors.add("record_rejected")
                 self._release(rec)  # refused: not in custody
                 raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
-            self._errors["produce_error"] += 1
+            self._errors.add("produce_error")
             self._request_degrade(f"produce failed: {exc}")
         self._direct = False  # full, or the client is broken: queue behind it
 
@@ -527,7 +534,7 @@ class LogProducer(_Health):
             self._pump.join(max(30.0, budget + 30.0))
             if self._pump.is_alive():
                 # Its spool and records are still its own: nothing here may touch them.
-                self._errors["pump_stuck"] += 1
+                self._errors.add("pump_stuck")
                 log.error(
                     "close(): the pump thread did not stop within %gs; the records it holds "
                     "stay where they are (the spool, memory) and this producer is left open",
@@ -535,6 +542,7 @@ class LogProducer(_Health):
                 )
             else:
                 self._spool.owner.take()
+                self._pump_owner.take()
                 self._shutdown(budget)
         finally:
             _LIVE.discard(self)
@@ -563,7 +571,7 @@ class LogProducer(_Health):
                 lost,
                 self._alarm or "spool full",
             )
-            self._errors["lost_on_close"] += lost
+            self._errors.add("lost_on_close", lost)
         left = self._spool.count
         if left:
             log.warning(

@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+from logsdk._owner import Owner
 from logsdk._resolver import resolver_ready
 from logsdk.errors import SpoolError
 from logsdk.producer._core import State
@@ -74,12 +75,14 @@ class _Pump(_Replay):
     """The pump thread and the state machine (a part of :class:`LogProducer`)."""
 
     def _init_pump(self) -> None:
+        self._pump_owner = Owner(f"the pump state of producer {self.producer_id}")
         self._state = State.DEGRADED
         self._transitions = 0
         self._degraded_s = 0.0
         self._degraded_since = time.monotonic()
         self._last_idle = time.monotonic()
         self._deferred_logs = []
+        self._request_lock = threading.Lock()
         self._want_degrade = None
         self._epoch = 0
         self._want_recover = None
@@ -92,7 +95,7 @@ class _Pump(_Replay):
                 busy = self._step()
                 self._flush_logs()
             except Exception:  # a bug: say so loudly, keep the records, keep pumping
-                self._errors["pump"] += 1
+                self._errors.add("pump")
                 log.exception("logsdk pump step failed; retrying (records stay buffered)")
                 self._stop.wait(0.5)
                 continue
@@ -107,13 +110,14 @@ class _Pump(_Replay):
                     else:
                         self._wake.wait(0.01)
                 except Exception:  # poll() may raise a fatal client error: degrade
-                    self._errors["pump"] += 1
+                    self._errors.add("pump")
                     log.exception("librdkafka poll failed; replacing the client")
                     self._request_degrade("poll failed")
                 self._wake.clear()
 
     def _step(self) -> bool:
         """One round of work; True when there may be more to do right away."""
+        self._pump_owner.check("run a pump step")
         self._reserve_ahead()
         client = self._client
         if client is not None:
@@ -121,7 +125,10 @@ class _Pump(_Replay):
             self._polled()
         if self._zombies:
             self._poll_retired()
-        reason, self._want_degrade = self._want_degrade, None
+        reason = None
+        if self._want_degrade is not None:
+            with self._request_lock:
+                reason, self._want_degrade = self._want_degrade, None
         if reason is not None and self._state is not State.DEGRADED:
             self._degrade(reason)
         self._settle_spool()
@@ -146,6 +153,7 @@ class _Pump(_Replay):
     def _transition(self, event: Event, reason: str) -> None:
         """Move the state machine on ``event`` (the one place that does), and log the move
         once: deferred while the caller holds ``_lock`` (see ``_deferred_logs``)."""
+        self._pump_owner.check("move the state machine")
         old = self._state
         new = TRANSITIONS.get((old, event))
         if new is None:  # a bug: the pump reports it and retries the step
@@ -178,7 +186,8 @@ class _Pump(_Replay):
         self._retire_client()
         # The purge's own failure reports asked for a degrade: this one. Left pending, the
         # request would end the next recovery at its first step.
-        self._want_degrade = None
+        with self._request_lock:
+            self._want_degrade = None
         self._replay_inflight.clear()
         self._restart_replay()
 
@@ -246,7 +255,7 @@ class _Pump(_Replay):
                     self._direct = True
                 return False
             if len(self._backlog) > self.config.buffer_max_records:
-                self._want_degrade = "local queue full beyond buffer_max_records"
+                self._request_degrade("local queue full beyond buffer_max_records")
                 return True
             while self._backlog:
                 if not self._produce_backlog_rec(self._backlog[0]):

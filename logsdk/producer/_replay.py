@@ -106,6 +106,7 @@ class _Replay(_Custody):
         self._replay_failed = False
 
     def _replay_some(self) -> bool:
+        self._pump_owner.check("replay the spool")
         cfg = self.config
         window = cfg.replay_batch * 2
         room = window - len(self._replay_inflight)
@@ -152,7 +153,7 @@ class _Replay(_Custody):
                     self._reject_replayed(rid, seq.decode(), str(exc))
                     cursor = rid
                     continue
-                self._errors["produce_error"] += 1
+                self._errors.add("produce_error")
                 self._request_degrade(f"replay produce failed: {exc}")
                 break
             inflight[rid] = None
@@ -181,7 +182,7 @@ class _Replay(_Custody):
             return
         if err.code() in _client.POSSIBLY_PERSISTED:
             self._n_possible_dups += 1
-        self._errors[err.name()] += 1
+        self._errors.add(err.name())
         self._request_degrade(f"replay delivery failed: {err.str()}")
 
     def _reject_replayed(self, rid: int, seq: object, why: str) -> None:
@@ -189,13 +190,14 @@ class _Replay(_Custody):
         and have the pump move it to the rejected table."""
         with self._lock:
             self._n_rejected += 1
-        self._errors["rejected"] += 1
+        self._errors.add("rejected")
         log.error("record seq=%s rejected by Kafka (%s); set aside", seq, why)
         self._reject_ids.append((rid, why))
 
     def _settle_spool(self) -> None:
         """Delete acknowledged replays and set rejected ones aside; after a disk error,
         retried once a second (``_disk_retry_at``); their success clears an alarm they raised."""
+        self._pump_owner.check("settle the spool")
         n = len(self._acked_ids)
         if n > self._acked_seen:
             # Replays acknowledged since the last step: the stall detector sees progress
