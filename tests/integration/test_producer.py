@@ -153,11 +153,13 @@ def test_a_closed_producer_is_freed_without_the_cyclic_collector(
                 tmp_path / buffer,
                 buffer=buffer,
             )
-            for i in range(2000):
-                p.send(b"%d" % i)
-            assert p.flush(30) == 0
-            assert len(p._slots) > 0
-            p.close()
+            try:
+                for i in range(2000):
+                    p.send(b"%d" % i)
+                assert p.flush(30) == 0
+                assert len(p._slots) > 0
+            finally:
+                p.close()  # no fixture may hold it: the test drops its last reference
             gone = weakref.ref(p)
             del p
             assert gone() is None, f"buffer={buffer}: the closed producer is still referenced"
@@ -273,12 +275,14 @@ def _dead_bootstrap() -> tuple[str, int]:
 
 
 def test_broker_down_whole_run_then_new_producer_delivers(
-    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
+    broker_factory: Callable[..., EmbeddedBroker],
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
 ) -> None:
     """With Kafka down throughout, close() leaves every record in the spool; a new
     producer on that dir delivers all of them once the broker is up, by its flush()."""
     bootstrap, port = _dead_bootstrap()
-    p = LogProducer(bootstrap, "down", tmp_path, **FAST)
+    p = make_producer(bootstrap, "down", tmp_path, **FAST)
     for i in range(3000):
         p.send(f"r{i}")
     pid = p.producer_id
@@ -303,7 +307,9 @@ def test_broker_down_whole_run_then_new_producer_delivers(
 
 
 def test_every_field_arrives_as_sent_by_every_path(
-    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path
+    broker_factory: Callable[..., EmbeddedBroker],
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
 ) -> None:
     """Key, value, headers and timestamp arrive as sent, whichever way the record went:
     spooled and replayed, straight to librdkafka, or queued behind it while its queue was
@@ -315,7 +321,7 @@ def test_every_field_arrives_as_sent_by_every_path(
     def send(p: LogProducer, i: int) -> None:
         p.send(f"v{i}", key=f"k{i}", headers=[("app", f"h{i}")], timestamp=ts0 + i)
 
-    p = LogProducer(bootstrap, "fields", tmp_path, **FAST)
+    p = make_producer(bootstrap, "fields", tmp_path, **FAST)
     for i in range(300):
         send(p, i)  # Kafka is down: these are replayed by the next producer
     pid = p.producer_id
@@ -444,6 +450,7 @@ def test_full_disk_keeps_records_in_memory_then_spools(
 
 def test_replayed_record_kafka_refuses_is_set_aside_once_the_disk_works(
     broker_factory: Callable[..., EmbeddedBroker],
+    make_producer: Callable[..., LogProducer],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -453,7 +460,7 @@ def test_replayed_record_kafka_refuses_is_set_aside_once_the_disk_works(
     Then the move succeeds, the alarm clears, and the records around it are delivered."""
     bootstrap, port = _dead_bootstrap()
     big = b"x" * 50_000
-    p = LogProducer(bootstrap, "refused", tmp_path, message_max_bytes=100_000, **FAST)
+    p = make_producer(bootstrap, "refused", tmp_path, message_max_bytes=100_000, **FAST)
     for value in (b"first", big, b"last"):
         p.send(value)
     p.close(timeout=0)
@@ -547,10 +554,12 @@ def test_partial_commit_to_a_full_spool_keeps_order_and_counts(
         p.close(timeout=0)
 
 
-def test_spool_survives_as_plain_sqlite(tmp_path: Path) -> None:
+def test_spool_survives_as_plain_sqlite(
+    make_producer: Callable[..., LogProducer], tmp_path: Path
+) -> None:
     """The spool is an ordinary SQLite file an operator can inspect."""
     bootstrap, _ = _dead_bootstrap()
-    p = LogProducer(bootstrap, "inspect", tmp_path, **FAST)
+    p = make_producer(bootstrap, "inspect", tmp_path, **FAST)
     p.send("hello")
     p.close(timeout=0)
     conn = sqlite3.connect(tmp_path / "spool.db")
@@ -592,11 +601,13 @@ def test_kafka_handler_writes_json_records(
     assert handler.dropped == 0
 
 
-def test_secrets_never_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_secrets_never_logged(
+    make_producer: Callable[..., LogProducer], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A SASL password passed through kafka_config appears in no log line and no repr."""
     bootstrap, _ = _dead_bootstrap()
     with caplog.at_level(logging.DEBUG):
-        p = LogProducer(
+        p = make_producer(
             bootstrap,
             "secret",
             tmp_path,
