@@ -15,7 +15,9 @@
   except those its own counters say the overflow policy dropped. Ownership checks
   (:mod:`logsdk._owner`) are on in every process of the run, and producers reserve seqs
   in small blocks (``--seq-block``) so that a run crosses many reservations; a violation
-  logged by any child fails the run.
+  logged by any child fails the run. After each fault, and once the producers have
+  closed, every producer's spool dir is checked read-only (``logsdk spool check``): a
+  problem found there fails the run too.
 
 The last line with ``--json`` is one JSON object: accepted, in_sink, missing,
 duplicates, dropped, max_latency_s, degraded_s, events, verdict. Exit status 1 on
@@ -254,6 +256,22 @@ class Run:
     producers: list[Proc] = field(default_factory=list)
     consumers: list[Proc] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
+    #: Problems ``logsdk spool check`` found in a producer's spool dir, with when.
+    spool_problems: list[str] = field(default_factory=list)
+
+    def check_spools(self, when: str) -> None:
+        """Check every producer's spool dir (read-only, safe beside live producers)."""
+        from logsdk.spool._check import check_spool_dir
+
+        for proc in self.producers:
+            spool = Path(proc.cmd[proc.cmd.index("_producer") + 2])
+            try:
+                result = check_spool_dir(spool)
+            except Exception as exc:  # not a spool dir yet (a producer not started)
+                if spool.exists():
+                    self.spool_problems.append(f"{when}: {proc.name}: {exc}")
+                continue
+            self.spool_problems += [f"{when}: {proc.name}: {p}" for p in result.problems]
 
 
 @contextlib.contextmanager
@@ -321,6 +339,7 @@ def _nemesis(run: Run, broker: Any, stop: threading.Event) -> None:
             with contextlib.suppress(Exception):
                 broker.heal()
             _ensure_broker(broker)
+        run.check_spools(f"after {kind} at {at}s")
 
 
 def _ensure_broker(broker: Any, attempts: int = 5) -> None:
@@ -470,6 +489,7 @@ def chaos(
         # Producers closed with Kafka up, so their spools are drained; any left (a close
         # that timed out) is delivered by a fresh producer on the same spool dir.
         _drain_leftover_spools(run, broker.bootstrap_servers)
+        run.check_spools("after the producers closed")
         expected, dropped, degraded, lost_on_close = _expected(
             [work / f"p{i}.jsonl" for i in range(producers)]
         )
@@ -541,7 +561,13 @@ def chaos(
     unexplained = sum(
         max(0, n - dropped.get(pid, 0) - lost_on_close.get(pid, 0)) for pid, n in missing_by.items()
     )
-    ok = unexplained == 0 and duplicates == 0 and order_unexplained == 0 and not violations
+    ok = (
+        unexplained == 0
+        and duplicates == 0
+        and order_unexplained == 0
+        and not violations
+        and not run.spool_problems
+    )
     return {
         "seed": seed,
         "duration_s": duration,
@@ -576,6 +602,8 @@ def chaos(
         # Lines "ownership violation: ..." that any process of the run logged (and this one).
         "ownership_violations": violations,
         "seq_block": seq_block,
+        # What `logsdk spool check` found wrong in the producers' spools (after each fault).
+        "spool_problems": run.spool_problems,
         "verdict": "ok" if ok else "FAIL",
         "work_dir": str(work),
     }
@@ -830,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
     if verdict["missing_reports"]:
         print(f"{'missing_reports':16} {verdict['missing_reports']}")
     print(f"{'events':16} {len(verdict['events'])}: {', '.join(verdict['events'])}")
+    print(f"{'spool check':16} {len(verdict['spool_problems'])} problem(s)")
+    for line in verdict["spool_problems"][:10]:
+        print(f"{'':16} {line}")
     print(f"{'ownership':16} {len(verdict['ownership_violations'])} violation(s)")
     for line in verdict["ownership_violations"][:10]:
         print(f"{'':16} {line}")
