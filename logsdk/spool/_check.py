@@ -16,11 +16,15 @@ does not) or ``"note"`` (what was found; nothing wrong). What is checked, per sl
   databases a producer moved aside (``spool.db.corrupt-*``), named.
 
 Invariants (of the check itself):
-- it never takes a slot's lock and never writes a byte into a slot: SQLite is opened with
-  ``mode=ro`` only when the slot's ``-wal`` and ``-shm`` exist (a read-only connection
-  creates them otherwise, as files of the checking user that stay behind), else with
-  ``immutable=1``, and such a read counts only if the file, its WAL and the slot's
-  liveness did not change meanwhile (else the slot is read again);
+- it never takes a slot's lock and never writes into a slot's files: SQLite is opened
+  with ``mode=ro`` only when the slot's ``-wal`` and ``-shm`` exist (a read-only
+  connection creates them otherwise, and leaves them), else with ``immutable=1``, and
+  such a read counts only if the file, its WAL and the slot's liveness did not change
+  meanwhile (else the slot is read again; after three such reads it is reported as not
+  judged, a note: a torn read could show damage that is not there). One race remains: a producer's close that
+  removes the two files between that look and the connection's open; SQLite then makes
+  them again, empty and owned as the database is (also when run as root), which the next
+  open takes as no WAL, as it takes any empty WAL;
 - whether a live producer holds the slot is asked with a shared ``flock`` on a separate
   open of ``LOCK``, taken and dropped at once (a producer starting in that instant takes
   another slot, as when two start together);
@@ -434,17 +438,20 @@ def _check_once(path: Path, index: int, last: bool) -> SlotCheck | None:
     live = True if True in (live, live_after) else (None if None in (live, live_after) else False)
     report.live = live
     report.pid = _lock_pid(path) if live else None
+    if changed:
+        # A read of a file that changed under it may be torn: nothing it saw is judged.
+        status = (
+            f"{'live' if live is not False else 'free'}; not judged: {DB_NAME} changed under "
+            f"each of {_ATTEMPTS} reads (a producer opening or closing the slot); check again"
+        )
+        report.findings.insert(0, Finding(NOTE, index, path, status))
+        return report
     if state_error:
         report.problem(state_error)
     if immutable and before[1] is not None and before[1][1] > 0:
         report.note(
             f"{DB_NAME}-wal without {DB_NAME}-shm: read without the WAL (its newest commits "
             "are not seen)"
-        )
-    if changed:
-        report.note(
-            f"changed under the check {_ATTEMPTS} times (a producer opening or closing "
-            "it): what is reported may mix two moments; check again"
         )
     status = _judge(
         report, snap, state1, state2 if state2 is not None else state1, after[0], after[1]
@@ -558,7 +565,8 @@ def _judge_summary(
     if not isinstance(closed, dict) or any(type(closed.get(k)) is not int for k in _SUMMARY_KEYS):
         return "counts as found (the summary in state.json is malformed: not used at open)"
     described = (closed["ino"], closed["size"], closed["mtime_ns"])
-    if db_stat is None or wal_stat is not None or db_stat[:3] != described:
+    # As the producer's open judges it: an empty WAL is no WAL.
+    if db_stat is None or (wal_stat is not None and wal_stat[1]) or db_stat[:3] != described:
         return (
             f"counts as found (the summary of the last close no longer describes {DB_NAME}: "
             "not used at open)"

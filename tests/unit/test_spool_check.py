@@ -18,7 +18,7 @@ import pytest
 
 from logsdk.cli import main
 from logsdk.errors import SpoolError
-from logsdk.spool import Spool
+from logsdk.spool import Spool, _check
 from logsdk.spool._check import CheckResult, check_spool_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -338,6 +338,38 @@ def test_a_slot_left_by_a_killed_producer_is_read_from_its_wal(tmp_path: Path) -
     assert result.ok, result.problems
     assert (result.slots[0].live, result.slots[0].records) == (False, 7)
     assert sorted(p.name for p in tmp_path.iterdir()) == names
+
+
+@pytest.mark.parametrize("changes", [1, 3])
+def test_a_slot_that_changes_under_the_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: int
+) -> None:
+    """The database file changing under a read of a closed slot (a producer opening and
+    closing it meanwhile): read again; after three such reads, not judged (a note), since a
+    torn read could show damage that is not there."""
+    make_spool(tmp_path)
+    db = tmp_path / "spool.db"
+    real = _check._read_db
+    reads = []
+
+    def read_while_it_changes(path: Path, immutable: bool) -> Any:
+        reads.append(immutable)
+        snap = real(path, immutable)
+        if len(reads) <= changes:
+            st = os.stat(db)
+            os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        return snap
+
+    monkeypatch.setattr(_check, "_read_db", read_while_it_changes)
+    result = check_spool_dir(tmp_path)
+    assert result.ok, result.problems
+    if changes == 1:
+        assert reads == [True, True]
+        assert result.slots[0].records == 3
+    else:
+        assert reads == [True, True, True]
+        assert result.slots[0].records is None
+        assert "not judged: spool.db changed under each of 3 reads" in result.notes[0]
 
 
 def test_not_a_spool_dir_is_a_usage_error(
