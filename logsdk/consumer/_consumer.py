@@ -70,6 +70,9 @@ class LogConsumer:
     ``handler`` is a :class:`~logsdk.Handler` (``process(records)``), a plain function
     called once per record, or for ``semantics="exactly_once"`` a
     :class:`~logsdk.TransactionalHandler`.
+
+    :meth:`start`, :meth:`stop`, :meth:`run` and :meth:`stats` may be called from any
+    thread; a start and a stop never overlap (a stop during a start waits for it).
     """
 
     def __init__(
@@ -222,8 +225,14 @@ class LogConsumer:
         )
         self._max_batch = max_batch
         self._counters = Counters()
+        # Held through start() and through stop()'s taking down: one builds the parts, the
+        # other takes them down, and neither sees the other half done.
+        self._life = threading.Lock()
+        # Guards _state, _error and the stop request (_state and _error are published:
+        # read without it).
         self._lock = threading.Lock()
         self._state = "new"  # new -> running -> stopped
+        self._stop_deadline: float | None = None  # set by stop(): start() honours it
         self._error: BaseException | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -238,6 +247,10 @@ class LogConsumer:
 
     def start(self) -> LogConsumer:
         """Connect, join the group and start the fetch thread and workers; returns self."""
+        with self._life:
+            return self._start()
+
+    def _start(self) -> LogConsumer:
         if not resolver_ready():
             # Its clients could never connect, and closing them would never return.
             raise ConsumerError(
@@ -252,8 +265,8 @@ class LogConsumer:
             self._state = "running"
         self._dispatcher = Dispatcher(self._ordering, self._max_batch)  # type: ignore[arg-type]
         self._offsets = OffsetMap()
-        self._runner = Runner(self._handler, self._executor, self._workers)
         try:
+            self._runner = Runner(self._handler, self._executor, self._workers)
             if self._dead_letter_topic is not None:
                 producer_config = {
                     k: v
@@ -284,27 +297,36 @@ class LogConsumer:
                 getattr(self._handler, "stored_offsets", None) if self._exactly_once else None,
                 self._fail,
             )
+            self._pool = WorkerPool(
+                workers=self._workers,
+                dispatcher=self._dispatcher,
+                offsets=self._offsets,
+                runner=self._runner,
+                exactly_once=self._exactly_once,
+                max_retries=self._max_retries,
+                retry_backoff=self._retry_backoff,
+                dead_letter=None
+                if self._dlt is None
+                else (self._dlt, self._dead_letter_topic or ""),
+                counters=self._counters,
+                stopping=self._stopping,
+                on_fatal=self._fail,
+                on_rewind=self._fetcher.request_rewind,
+            )
+            self._pool.start()
+            self._fetcher.start()
         except BaseException:
-            self._runner.close()
-            with self._lock:
-                self._state = "stopped"
+            # Whatever was built or started is taken down: nothing runs on, nothing leaks.
+            self._stop(time.monotonic() + self._settings.rebalance_timeout)
             raise
-        self._pool = WorkerPool(
-            workers=self._workers,
-            dispatcher=self._dispatcher,
-            offsets=self._offsets,
-            runner=self._runner,
-            exactly_once=self._exactly_once,
-            max_retries=self._max_retries,
-            retry_backoff=self._retry_backoff,
-            dead_letter=None if self._dlt is None else (self._dlt, self._dead_letter_topic or ""),
-            counters=self._counters,
-            stopping=self._stopping,
-            on_fatal=self._fail,
-            on_rewind=self._fetcher.request_rewind,
-        )
-        self._pool.start()
-        self._fetcher.start()
+        with self._lock:
+            stop_deadline = self._stop_deadline
+        if stop_deadline is not None:
+            # stop() was called meanwhile; it waits for this start() only up to its own
+            # timeout, so the taking down is done here (again by it if it still waits:
+            # every step is idempotent).
+            self._stop(stop_deadline)
+            return self
         log.info("LogConsumer started: group=%s topics=%s", self._config["group.id"], self._topics)
         return self
 
@@ -336,17 +358,34 @@ class LogConsumer:
         """
         if not isinstance(timeout, (int, float)) or timeout < 0:
             raise ConfigError(f"timeout must be seconds >= 0, got {timeout!r}")
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self._state == "new":
                 self._state = "stopped"
                 self._stopped.set()
                 return
-        deadline = time.monotonic() + timeout
+            if self._stop_deadline is None:
+                self._stop_deadline = deadline
+        self._stopping.set()
+        # A start() under way in another thread finishes first (or, past the timeout,
+        # stops the consumer itself when it is done).
+        if not self._life.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            log.warning("stop(): start() still under way after %.1fs; it stops when done", timeout)
+            return
+        try:
+            self._stop(deadline)
+        finally:
+            self._life.release()
+
+    def _stop(self, deadline: float) -> None:
+        """Take down what start() built (any of it may be missing after a failed start)."""
         self._stopping.set()
         if self._fetcher is not None:
             self._fetcher.request_stop(deadline)
-            if not self._fetcher.join(deadline - time.monotonic()):
-                log.warning("fetch thread did not stop within %.1fs", timeout)
+            if self._fetcher.join(deadline - time.monotonic()):
+                self._fetcher.close()  # its client, back from the ended fetch thread
+            else:
+                log.warning("fetch thread did not stop in time; its client is left to it")
         if self._dispatcher is not None:
             self._dispatcher.close()
         if self._pool is not None:

@@ -43,7 +43,17 @@ class FetchSettings:
 
 
 class Fetcher:
-    """Owns the Kafka consumer; runs on its own thread until :meth:`request_stop`."""
+    """Owns the Kafka consumer; runs on its own thread until :meth:`request_stop`.
+
+    Built on the caller's thread, which subscribes and then hands the client to the fetch
+    thread (:meth:`start`); only that thread touches the client, and the loop's own state
+    (``paused``, the fill clock, the record size average, ``metadata_supported``) from
+    then on. ``paused`` and ``metadata_supported`` are published gauges (any thread reads
+    them); ``high_watermarks``, ``committed`` and the assigned set are read by other
+    threads under ``_lock`` (:meth:`snapshot`, :meth:`assigned`). Other threads may call
+    :meth:`request_stop`, :meth:`request_rewind` (a queue), :meth:`join`, :meth:`alive`,
+    :meth:`snapshot` and :meth:`assigned`; :meth:`close` once the thread has ended.
+    """
 
     def __init__(
         self,
@@ -78,12 +88,16 @@ class Fetcher:
         self._bytes_low = settings.queue_bytes // 2
         self._avg_bytes = 0.0  # bytes per record polled (moving average; 0: none yet)
         self._client = client_factory(self)
+        self._closed = False  # close() ran (LogConsumer's life-cycle lock serialises it)
         self._thread = threading.Thread(target=self._run, name="logsdk-fetch", daemon=True)
 
     # -- control from other threads ------------------------------------------------------
 
     def start(self) -> None:
         self._client.subscribe(self._s.topics)
+        # From here on the fetch thread alone calls the client (the rebalance callbacks
+        # run inside its poll); close() takes it back once that thread has ended.
+        self._client.owner.hand_to(self._thread)
         self._thread.start()
 
     def request_stop(self, deadline: float) -> None:
@@ -91,8 +105,24 @@ class Fetcher:
         self._stop.set()
 
     def join(self, timeout: float) -> bool:
-        self._thread.join(max(0.0, timeout))
+        """Wait up to ``timeout`` for the fetch thread to end; True once it has (or when it
+        never started)."""
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, timeout))
         return not self._thread.is_alive()
+
+    def close(self) -> None:
+        """Take the client back once the fetch thread has ended (or never started) and
+        close it if that thread did not (it closes it itself on its way out). Once only:
+        a later call (a second stop()) leaves the client to the thread that closed it.
+        Callers are serialised by LogConsumer (its life-cycle lock)."""
+        if self._closed:
+            return
+        if self._thread.is_alive():
+            raise ConsumerError("Fetcher.close() while the fetch thread runs: join it first")
+        self._client.owner.take()
+        self._client.close()
+        self._closed = True
 
     @property
     def alive(self) -> bool:

@@ -27,6 +27,7 @@ from confluent_kafka import (
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from logsdk import _fork
+from logsdk._owner import Owner
 from logsdk._types import ClientConfig
 from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 from logsdk.errors import ConsumerError, DeadLetterError
@@ -136,7 +137,16 @@ def unassign(consumer: Consumer) -> None:
 
 
 class KafkaConsumerClient:
-    """A confluent-kafka ``Consumer`` as the fetch thread uses it (call it from that thread)."""
+    """A confluent-kafka ``Consumer`` as the fetch thread uses it (call it from that thread).
+
+    A librdkafka consumer is not to be shared by threads: it is owned by one thread
+    (:attr:`owner`), checked at every method that calls into it while ownership is
+    checked (:mod:`logsdk._owner`). The thread that builds it owns it until it hands it
+    on (the fetcher hands it to the fetch thread before starting it, and takes it back
+    once that thread has ended). The rebalance callbacks run inside :meth:`poll` and
+    :meth:`close`, on the owner. ``errors`` and ``last_error`` are written by the owner
+    only (published gauges: any thread may read them).
+    """
 
     def __init__(
         self,
@@ -155,6 +165,8 @@ class KafkaConsumerClient:
         self.errors = 0
         self.last_error: str | None = None
         self._only_topic: str | None = None  # set by subscribe() for one topic by name
+        self._closed = False
+        self.owner = Owner(f"Kafka consumer of group {config.get('group.id')!r}")
         try:
             self._consumer = _fork.Consumer({**config, "logger": rdlog})
         except (KafkaException, ValueError, TypeError) as exc:
@@ -163,6 +175,7 @@ class KafkaConsumerClient:
     # -- rebalance callbacks (run inside consume() on the fetch thread) -------------------
 
     def _assign_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        self.owner.check("serve an assignment")
         tps = [(p.topic, p.partition) for p in partitions]
         starts = self._on_assign(tps)
         for p in partitions:
@@ -176,18 +189,21 @@ class KafkaConsumerClient:
             consumer.pause(partitions)
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        self.owner.check("serve a revocation")
         try:
             self._on_revoke([(p.topic, p.partition) for p in partitions])
         finally:
             unassign(consumer)
 
     def _lost_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        self.owner.check("serve a lost assignment")
         try:
             self._on_lost([(p.topic, p.partition) for p in partitions])
         finally:
             unassign(consumer)
 
     def subscribe(self, topics: Sequence[str]) -> None:
+        self.owner.check("subscribe")
         try:
             self._consumer.subscribe(
                 list(topics),
@@ -210,6 +226,7 @@ class KafkaConsumerClient:
         C-level ``map`` calls; messages become records only when a handler reads them
         (:func:`to_columns`, through a :class:`~logsdk.consumer._records.RecordBatch`).
         """
+        self.owner.check("poll")
         try:
             msgs = self._consumer.consume(max_records, timeout)
         except KafkaException as exc:
@@ -257,18 +274,22 @@ class KafkaConsumerClient:
     # -- flow control -------------------------------------------------------------------
 
     def assignment(self) -> list[TopicPartition]:
+        self.owner.check("read the assignment")
         return [(p.topic, p.partition) for p in self._consumer.assignment()]
 
     def pause(self, tps: Sequence[TopicPartition]) -> None:
+        self.owner.check("pause partitions")
         if tps:
             self._consumer.pause([KafkaTopicPartition(t, p) for t, p in tps])
 
     def resume(self, tps: Sequence[TopicPartition]) -> None:
+        self.owner.check("resume partitions")
         if tps:
             self._consumer.resume([KafkaTopicPartition(t, p) for t, p in tps])
 
     def seek(self, tp: TopicPartition, offset: int | None) -> None:
         """Fetch ``tp`` from ``offset`` next (None: per ``auto.offset.reset``)."""
+        self.owner.check("seek")
         if offset is None:
             offset = self._reset
         try:
@@ -282,6 +303,7 @@ class KafkaConsumerClient:
         self, offsets: dict[TopicPartition, tuple[int, str | None]], asynchronous: bool
     ) -> None:
         """Commit ``{tp: (next offset, metadata)}``; raises ConsumerError if it fails."""
+        self.owner.check("commit offsets")
         if not offsets:
             return
         tps = [
@@ -303,6 +325,7 @@ class KafkaConsumerClient:
         self, tps: Sequence[TopicPartition], timeout: float
     ) -> dict[TopicPartition, tuple[int | None, str | None]]:
         """Committed ``{tp: (offset or None, metadata or None)}`` read from the broker."""
+        self.owner.check("read committed offsets")
         if not tps:
             return {}
         try:
@@ -317,6 +340,7 @@ class KafkaConsumerClient:
 
     def high_watermark(self, tp: TopicPartition) -> int | None:
         """The high watermark last seen in a fetch response (no broker round trip)."""
+        self.owner.check("read a high watermark")
         try:
             lo_hi: Any = self._consumer.get_watermark_offsets(
                 KafkaTopicPartition(tp[0], tp[1]), cached=True
@@ -328,11 +352,20 @@ class KafkaConsumerClient:
         return int(lo_hi[1])
 
     def close(self) -> None:
-        """Leave the group (revoke callbacks run) and free the handle."""
+        """Leave the group (revoke callbacks run) and free the handle; once only."""
+        self.owner.check("close")
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._consumer.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("consumer close failed: %s", exc)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
 
 
 class DeadLetterProducer:

@@ -474,3 +474,57 @@ def test_error_events_among_records_are_skipped(
         stats = c.stats()
     assert sorted(handler.seen) == [(p, o) for p in range(2) for o in range(n)]
     assert stats["error"] is None
+
+
+#: Set while _SlowToPickle is being pickled; pickling goes on once _PICKLE_GATE is set.
+_PICKLING = threading.Event()
+_PICKLE_GATE = threading.Event()
+
+
+class _SlowToPickle:
+    """A handler whose pickling (what start() does first for executor='process') waits
+    for _PICKLE_GATE: start() is held half way through building the consumer."""
+
+    def process(self, records: Sequence[Record]) -> None:
+        """Nothing to do: no record is produced."""
+
+    def __getstate__(self) -> dict[str, object]:
+        _PICKLING.set()
+        _PICKLE_GATE.wait(30)
+        return {}
+
+
+def test_stop_during_start_waits_for_it_and_leaves_nothing_running(
+    kafka: KafkaTarget, fresh_topic: Callable[..., str]
+) -> None:
+    """stop() on another thread while start() is half way: it waits for the start and
+    takes everything down (it used to see a half-built consumer and return at once,
+    after which start() went on to leave the fetch thread polling)."""
+    topic = fresh_topic(1)
+    _PICKLING.clear()
+    _PICKLE_GATE.clear()
+    before = set(threading.enumerate())
+    c = LogConsumer(
+        group_id=f"startstop-{topic}",
+        topics=[topic],
+        handler=_SlowToPickle(),
+        executor="process",
+        workers=2,
+        kafka_config=kafka.client_config("consumer"),
+    )
+    starter = threading.Thread(target=c.start, name="test-start")
+    stopper = threading.Thread(target=c.stop, kwargs={"timeout": 30}, name="test-stop")
+    try:
+        starter.start()
+        assert _PICKLING.wait(30), "start() did not reach the handler's pickling"
+        stopper.start()
+        stopper.join(0.5)  # stop() runs now, while start() is held
+    finally:
+        _PICKLE_GATE.set()
+        starter.join(60)
+        stopper.join(60)
+    assert not starter.is_alive()
+    assert not stopper.is_alive()
+    assert c.stats()["state"] == "stopped"
+    left = [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert left == []
