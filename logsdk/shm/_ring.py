@@ -324,6 +324,8 @@ class ShmRing:
         A drain under way in another thread (the pump's, or stats() on any thread) ends
         first: it writes into the mapping, and a drain after this finds ``closed``.
         """
+        if self.closed:  # a ring closed already is never locked again (a forked child's
+            return  # copy of the lock may be held for good by a thread it does not have)
         with self._settle_lock:
             if self.closed:
                 return
