@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlite_utils
 
+from logsdk._owner import Owner
 from logsdk._sqlparams import blob_params
 from logsdk.consumer._records import Record, RecordBatch, TopicPartition, columns_of
 from logsdk.errors import ConfigError, FencedError, SinkError
@@ -40,8 +41,12 @@ _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 class _ThreadState(threading.local):
+    """One thread's connection (owned by that thread: :class:`~logsdk._owner.Owner`) and
+    the batches it staged for its next commit."""
+
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
+        self.owner: Owner | None = None
         self.staged: list[Sequence[Record]] = []
 
 
@@ -51,9 +56,14 @@ class SQLiteSink:
     ``process`` only stages the records; ``commit(offsets)`` turns them into rows and
     writes the rows and the offsets in one ``BEGIN IMMEDIATE`` transaction; ``rollback``
     drops the staged records. It is called from several worker threads at once (one
-    partition each): every thread has its own connection and its own staged batch.
-    Rows are built while this process's write lock is held: Python work done by other
-    threads meanwhile would take the GIL from the writer after each row it inserts.
+    partition each): every thread has its own connection and its own staged batch, which
+    that thread owns (checked at each use while ownership is checked, see
+    :mod:`logsdk._owner`). Rows are built while this process's write lock is held: Python
+    work done by other threads meanwhile would take the GIL from the writer after each row
+    it inserts. The same lock guards the dedupe count and the producer-name cache.
+    :meth:`close` closes every thread's connection: call it once no other thread is inside
+    a call of the sink (after ``LogConsumer.stop()`` returned, or the streaming query
+    stopped).
 
     With ``dedupe=True`` a record whose (``logsdk.producer``, ``logsdk.seq``) headers
     were already stored is skipped, which removes duplicates a producer sent
@@ -121,22 +131,30 @@ class SQLiteSink:
         self._init_local()
 
     def _connect(self) -> sqlite3.Connection:
-        conn = self._local.conn
-        if conn is None:
-            try:
-                conn = sqlite3.connect(
-                    self.path,
-                    timeout=self.busy_timeout,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            except sqlite3.Error as exc:
-                raise SinkError(f"cannot open SQLite database {self.path}: {exc}") from exc
-            self._local.conn = conn
-            with self._conns_lock:
-                self._conns.append(conn)
+        """The calling thread's connection, opened on its first call."""
+        state = self._local
+        conn = state.conn
+        if conn is not None:
+            assert state.owner is not None
+            state.owner.check("use its SQLite connection")
+            return conn
+        try:
+            # check_same_thread=False only for close(), which closes every thread's
+            # connection once they are done; each is used by its own thread alone.
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        except sqlite3.Error as exc:
+            raise SinkError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        state.conn = conn
+        state.owner = Owner(f"SQLiteSink {self.path} connection")
+        with self._conns_lock:
+            self._conns.append(conn)
         return conn
 
     def _create_schema(self) -> None:
@@ -370,9 +388,12 @@ class SQLiteSink:
 
     def rollback(self, error: BaseException) -> None:
         """Drop this thread's staged records (and any open transaction)."""
-        self._local.staged = []
-        conn = self._local.conn
+        state = self._local
+        state.staged = []
+        conn = state.conn
         if conn is not None:
+            assert state.owner is not None
+            state.owner.check("roll back on its SQLite connection")
             try:
                 self._rollback(conn)
             except sqlite3.Error as exc:
