@@ -66,6 +66,7 @@ import re
 import stat
 import struct
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,7 @@ from pathlib import Path
 import posix_ipc
 from zlib_ng.zlib_ng import crc32
 
+from logsdk._fork import at_fork_in_child
 from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
 from logsdk.spool._spool import Headers, Row, Spool, encode_headers
 
@@ -269,6 +271,7 @@ class ShmRing:
                     with contextlib.suppress(posix_ipc.ExistentialError):
                         shm.unlink()
                 raise
+        _HELD.add(ring)  # this process holds the segment's lock through ring._shm
         ring._capacity_wanted = capacity
         ring._start = start
         ring._producer_id = producer_id
@@ -336,6 +339,7 @@ class ShmRing:
                 with contextlib.suppress(posix_ipc.ExistentialError):
                     self._shm.unlink()
             self._mm.close()
+            _HELD.discard(self)
             self._shm.close_fd()
 
     def _check_header(self, producer_id: str) -> None:
@@ -674,6 +678,31 @@ def _first_key(d: dict[int, int]) -> int | None:
             return next(iter(d), None)
         except RuntimeError:
             continue
+
+
+#: The rings whose segment's ownership lock this process holds (their descriptor does).
+_HELD: weakref.WeakSet[ShmRing] = weakref.WeakSet()
+
+
+def _leave_segments_to_parent() -> None:
+    """In a forked child: close this process's copies of the descriptors that hold the
+    parent's segment locks (see ``logsdk.spool._spool._leave_locks_to_parent``: the same
+    rule for the same reason), so a dead parent's ring is free for the next producer
+    whatever the child does after the fork."""
+    for ring in list(_HELD):
+        # Two descriptors hold the lock: the segment's own and the mapping's (mmap keeps a
+        # duplicate of the descriptor it was made from), so the child's copy of the mapping
+        # goes too; the parent's ring is never used in the child (a producer starts afresh
+        # there), and ``closed`` says so to any call that might come.
+        ring.closed = True
+        with contextlib.suppress(OSError, BufferError, ValueError):
+            ring._mm.close()
+        with contextlib.suppress(OSError, posix_ipc.Error, ValueError):
+            ring._shm.close_fd()
+    _HELD.clear()
+
+
+at_fork_in_child(_leave_segments_to_parent)
 
 
 def _reserve(name: str, fd: int, size: int) -> None:

@@ -49,6 +49,7 @@ import struct
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -56,6 +57,7 @@ from typing import Any
 
 import sqlite_utils
 
+from logsdk._fork import at_fork_in_child
 from logsdk._owner import Owner
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
@@ -456,8 +458,10 @@ class Spool:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
+        _LOCKED.add(self)
 
     def _release_lock(self) -> None:
+        _LOCKED.discard(self)
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
@@ -1088,6 +1092,29 @@ class Spool:
             ).fetchone()
             self.count, self.bytes = int(c), int(b)
             self._gauges_exact = True
+
+
+#: Every spool holding its directory's lock in this process.
+_LOCKED: weakref.WeakSet[Spool] = weakref.WeakSet()
+
+
+def _leave_locks_to_parent() -> None:
+    """In a forked child: close this process's copies of the descriptors that hold the
+    parent's spool locks. A ``flock`` belongs to the open file, which fork shares with the
+    child: left open here, the parent's slot stays locked after the parent dies, for as
+    long as the child lives (a helper that never logs); unlocked here, it would be freed
+    under the live parent. Closing the child's copy does neither: the lock ends with the
+    parent. The child's inherited spools are never used again (a producer starts afresh
+    in a child, on a slot of its own)."""
+    for spool in list(_LOCKED):
+        fd, spool._lock_fd = spool._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _LOCKED.clear()
+
+
+at_fork_in_child(_leave_locks_to_parent)
 
 
 def _spool_error(text: str, exc: sqlite3.Error) -> SpoolError:
