@@ -21,10 +21,10 @@ Invariants (of the check itself):
   connection creates them otherwise, and leaves them), else with ``immutable=1``, and
   such a read counts only if the file, its WAL and the slot's liveness did not change
   meanwhile (else the slot is read again; after three such reads it is reported as not
-  judged, a note: a torn read could show damage that is not there). One race remains: a producer's close that
-  removes the two files between that look and the connection's open; SQLite then makes
-  them again, empty and owned as the database is (also when run as root), which the next
-  open takes as no WAL, as it takes any empty WAL;
+  judged, a note: a torn read could show damage that is not there). One race remains: a
+  producer's close that removes the two files between that look and the connection's
+  open; SQLite then makes them again, empty and owned as the database is (also when run
+  as root), which the next open takes as no WAL, as it takes any empty WAL;
 - whether a live producer holds the slot is asked with a shared ``flock`` on a separate
   open of ``LOCK``, taken and dropped at once (a producer starting in that instant takes
   another slot, as when two start together);
@@ -182,7 +182,9 @@ def check_spool_dir(path: str | os.PathLike[str]) -> CheckResult:
         raise SpoolError(f"{root} is not a directory")
     indexes = slot_indexes(root)
     if not any(
-        (slot_path(root, i) / name).exists() for i in indexes for name in (DB_NAME, STATE_NAME)
+        (slot_path(root, i) / name).exists()
+        for i in indexes
+        for name in (DB_NAME, STATE_NAME, LOCK_NAME)
     ):
         raise SpoolError(f"{root} is not a spool dir (no {DB_NAME} in it or in its slots)")
     return CheckResult(root, [check_slot(slot_path(root, i), i) for i in indexes])
