@@ -39,8 +39,10 @@ class Reports:
         self.all.append((err, msg.value() or b"", msg.offset()))
 
 
-def _idempotent_producer(broker: EmbeddedBroker) -> Producer:
-    return Producer(
+def _idempotent_producer(
+    make_kafka_producer: Callable[..., Producer], broker: EmbeddedBroker
+) -> Producer:
+    return make_kafka_producer(
         {
             **broker.client_config("producer"),
             "enable.idempotence": True,
@@ -50,12 +52,14 @@ def _idempotent_producer(broker: EmbeddedBroker) -> Producer:
     )
 
 
-def test_raw_producer_told_duplicate_loses_the_batch(broker_factory: BrokerFactory) -> None:
+def test_raw_producer_told_duplicate_loses_the_batch(
+    broker_factory: BrokerFactory, make_kafka_producer: Callable[..., Producer]
+) -> None:
     """Every record is reported delivered, yet the dropped batch is not in the topic; and
     the producer carries on (no sequence gap at the broker, no fatal error)."""
     broker = broker_factory(durable=True, proxy=True)
     topic = create_topic(broker.bootstrap_servers, "dupseq-raw", 1)
-    p = _idempotent_producer(broker)
+    p = _idempotent_producer(make_kafka_producer, broker)
     before = Reports()
     for i in range(10):
         p.produce(topic, b"before-%d" % i, on_delivery=before)

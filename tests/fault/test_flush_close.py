@@ -31,6 +31,7 @@ from tests.conftest import FAST
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 BrokerFactory = Callable[..., EmbeddedBroker]
+ProducerFactory = Callable[..., LogProducer]
 N = 60_000
 CHUNK = 1_000
 
@@ -55,7 +56,11 @@ def _outage(broker: EmbeddedBroker, kind: str, down_s: float) -> Callable[[], No
     [("kill", (10_000, 30_000, 50_000)), ("cut", (20_000,)), ("pause", (20_000,))],
 )
 def test_one_flush_and_close_deliver_everything_after_outages(
-    broker_factory: BrokerFactory, tmp_path: Path, kind: str, at: tuple[int, ...]
+    broker_factory: BrokerFactory,
+    make_producer: ProducerFactory,
+    tmp_path: Path,
+    kind: str,
+    at: tuple[int, ...],
 ) -> None:
     """60k sends while the broker is SIGKILLed 3 times (3 s down each), the network cut
     for 4 s, or the broker paused for 4 s; then one flush() and close(): a plain reader
@@ -63,7 +68,7 @@ def test_one_flush_and_close_deliver_everything_after_outages(
     broker = broker_factory(durable=True, proxy=kind == "cut")
     topic = create_topic(broker.bootstrap_servers, f"flush-{kind}", 3)
     fault = _outage(broker, kind, 3.0 if kind == "kill" else 4.0)
-    p = LogProducer(broker.bootstrap_servers, topic, tmp_path, **FAST)
+    p = make_producer(broker.bootstrap_servers, topic, tmp_path, **FAST)
     reports: list[str] = []
     trace_deliveries(p, reports.append)
     for start in range(0, N, CHUNK):
@@ -89,12 +94,12 @@ def test_one_flush_and_close_deliver_everything_after_outages(
 
 
 def test_close_with_kafka_down_returns_in_its_timeout_and_says_what_it_left(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    make_producer: ProducerFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Kafka down for the whole run: close(5) returns in about 5 s, every record is in the
     spool, and a warning names how many records were left and the spool dir."""
     dead = f"127.0.0.1:{free_port()}"
-    p = LogProducer(dead, "down", tmp_path, **FAST)
+    p = make_producer(dead, "down", tmp_path, **FAST)
     for i in range(5_000):
         p.send(b"%d" % i)
     t0 = time.monotonic()
@@ -110,19 +115,19 @@ def test_close_with_kafka_down_returns_in_its_timeout_and_says_what_it_left(
 
 
 def test_flush_delivers_a_spool_left_by_an_earlier_run(
-    broker_factory: BrokerFactory, tmp_path: Path
+    broker_factory: BrokerFactory, make_producer: ProducerFactory, tmp_path: Path
 ) -> None:
     """A producer opened on a spool with leftovers and closed at once delivers them: close()
     replays the spool before it returns, without a flush() or a wait of the caller's."""
     port = free_port()
-    p = LogProducer(f"127.0.0.1:{port}", "left", tmp_path, **FAST)
+    p = make_producer(f"127.0.0.1:{port}", "left", tmp_path, **FAST)
     for i in range(3_000):
         p.send(b"%d" % i)
     p.close(0)  # Kafka down: all of them stay in the spool
     assert p.stats()["spool_records"] == 3_000
     broker = broker_factory(port=port)
     create_topic(broker.bootstrap_servers, "left", 2)
-    p2 = LogProducer(broker.bootstrap_servers, "left", tmp_path, **FAST)
+    p2 = make_producer(broker.bootstrap_servers, "left", tmp_path, **FAST)
     p2.close(30)
     assert p2.stats()["spool_records"] == 0
     rep = check_delivery(read_topic(broker.bootstrap_servers, "left"))
@@ -182,26 +187,26 @@ _APP = textwrap.dedent(
 
 
 def test_an_application_that_just_exits_delivers_its_log_lines(
-    broker_factory: BrokerFactory, tmp_path: Path
+    broker_factory: BrokerFactory, spawn: Callable[..., subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     """An application logs 10k lines through KafkaHandler (set up by dictConfig) during a 3 s
     broker outage, then simply exits, without closing anything: logging.shutdown() at exit
     closes the handler, which delivers every line."""
     broker = broker_factory(durable=True)
     topic = create_topic(broker.bootstrap_servers, "app-exit", 2)
-    with subprocess.Popen(
+    app = spawn(
         [sys.executable, "-c", _APP, broker.bootstrap_servers, topic, str(tmp_path / "spool")],
         stdout=subprocess.PIPE,
         text=True,
-    ) as app:
-        assert app.stdout is not None
-        lines = []
-        for line in app.stdout:
-            lines.append(line.strip())
-            if line.strip() == "2000":
-                broker.kill()  # about 3.2 s before the app's last line
-                threading.Timer(3.0, broker.restart).start()
-        assert app.wait(60) == 0
+    )
+    assert app.stdout is not None
+    lines = []
+    for line in app.stdout:
+        lines.append(line.strip())
+        if line.strip() == "2000":
+            broker.kill()  # about 3.2 s before the app's last line
+            threading.Timer(3.0, broker.restart).start()
+    assert app.wait(60) == 0
     assert lines[-1] == "exiting"
     got = read_topic(broker.bootstrap_servers, topic, timeout=60)
     seen = {json.loads(m.value() or b"")["message"] for m in got}

@@ -98,6 +98,7 @@ def _fork_wedged(fn: Callable[[], dict[str, object]], attempts: int = 60) -> dic
 def test_wedged_child_spools_closes_in_time_and_the_next_producer_delivers(
     kafka_broker: KafkaTarget,
     fresh_topic: Callable[..., str],
+    make_producer: Callable[..., LogProducer],
     tmp_path: Path,
     buffer: Literal["memory", "shm"],
 ) -> None:
@@ -106,7 +107,7 @@ def test_wedged_child_spools_closes_in_time_and_the_next_producer_delivers(
     timeout with every record in the child's spool slot, and the parent's producer
     (the next on that spool_dir) delivers them: all 500 once, with the parent's own."""
     topic = fresh_topic(2)
-    p = LogProducer(
+    p = make_producer(
         kafka_broker.bootstrap_servers, topic, tmp_path, buffer=buffer, shm_bytes=1 << 20
     )
     for i in range(50):

@@ -12,6 +12,7 @@ report traced, see ``_send_with_faults``); any other is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import signal
@@ -21,7 +22,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from logsdk.producer import _inflight
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 from logsdk.testing.pytest_plugin import KafkaTarget
-from tests.conftest import FAST, wait_until
+from tests.conftest import FAST, reap, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
@@ -54,8 +55,8 @@ def _send_with_faults(
     topic = create_topic(broker.bootstrap_servers, "faults", 3)
     p = LogProducer(broker.bootstrap_servers, topic, spool, **FAST)
     reports: list[str] = []
-    trace_deliveries(p, reports.append)  # before the first send: the spool starts empty
     try:
+        trace_deliveries(p, reports.append)  # before the first send: the spool starts empty
         for start in range(0, N, CHUNK):
             if start in faults:
                 faults[start]()
@@ -352,11 +353,18 @@ def test_a_logging_lock_held_by_a_sender_never_deadlocks_the_pump(
     assert rep.missing(p.producer_id, range(sent[0])) == []
 
 
-def _child(script: str, *args: str) -> subprocess.Popen[str]:
-    """``python -c script args...`` with its stdout readable line by line."""
-    return subprocess.Popen(
+@contextlib.contextmanager
+def _child(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``python -c script args...`` with its stdout readable line by line; killed on the
+    way out if it still runs (a failed assertion must not wait for a child that never
+    ends)."""
+    proc = subprocess.Popen(
         [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True
     )
+    try:
+        yield proc
+    finally:
+        reap(proc)
 
 
 def _spooled_seqs(spool: Path) -> list[int]:

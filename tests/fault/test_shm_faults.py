@@ -17,7 +17,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import posix_ipc
@@ -278,7 +278,9 @@ def test_full_ring_policies_while_kafka_stalls(pausable: EmbeddedBroker, tmp_pat
         pausable.resume()
 
 
-def test_sigkill_at_random_points_twenty_times_ring_always_recovers(tmp_path: Path) -> None:
+def test_sigkill_at_random_points_twenty_times_ring_always_recovers(
+    make_producer: Callable[..., LogProducer], tmp_path: Path
+) -> None:
     """20 producers with a small (256 KiB, often full) ring, Kafka down, SIGKILLed at a
     random instant: the segment always reads back without a corrupt frame, and the next
     producer puts every accepted record into its spool."""
@@ -300,7 +302,7 @@ def test_sigkill_at_random_points_twenty_times_ring_always_recovers(tmp_path: Pa
         info = inspect(name)
         assert info.corrupt == 0
         assert not info.owner_alive
-        p = LogProducer(dead, "t", spool, buffer="shm", shm_bytes=256 * 1024, **FAST)
+        p = make_producer(dead, "t", spool, buffer="shm", shm_bytes=256 * 1024, **FAST)
         assert p.stats()["shm_recovered"] == info.pending
         p.close(timeout=0)  # Kafka is down: nothing to wait for; the ring goes to the spool
         assert name not in list_segments()
