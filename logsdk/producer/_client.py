@@ -7,6 +7,8 @@ on meaning, not on codes) and runs health probes.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +66,27 @@ def is_cluster_down(err: KafkaError) -> bool:
     return bool(err.code() in _CLUSTER_DOWN)
 
 
+#: A wait on librdkafka (a metadata request) is cut into slices this long, so that a
+#: probe or a connect gives up within one slice of a stop: close() never waits out a
+#: whole probe timeout for an answer it no longer needs.
+_SLICE_S = 0.1
+
+
+def list_topics_until(
+    client: Any, topic: str | None, timeout: float, stop: threading.Event | None
+) -> Any:
+    """``client.list_topics(topic, timeout)`` in slices of ``_SLICE_S``, given up as soon as
+    ``stop`` is set; raises the last KafkaException when nothing answered in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return client.list_topics(topic, timeout=max(0.01, min(_SLICE_S, left)))
+        except KafkaException:
+            if left <= _SLICE_S or (stop is not None and stop.is_set()):
+                raise
+
+
 ErrorCallback = Callable[[KafkaError], None]
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
@@ -103,9 +126,12 @@ def check_config(conf: ClientConfig) -> None:
     new_producer(conf, lambda err: None)
 
 
-def probe(conf: ClientConfig, topic: str, timeout: float) -> bool:
+def probe(
+    conf: ClientConfig, topic: str, timeout: float, stop: threading.Event | None = None
+) -> bool:
     """One health probe: a fresh client asks for metadata; True when a leader answers.
-    False at once where no client can connect (:mod:`logsdk._resolver`)."""
+    False at once where no client can connect (:mod:`logsdk._resolver`), and within
+    ``_SLICE_S`` once ``stop`` is set."""
     if not resolver_ready():
         return False
     full: dict[str, Any] = dict(conf)
@@ -113,7 +139,7 @@ def probe(conf: ClientConfig, topic: str, timeout: float) -> bool:
     full.setdefault("socket.connection.setup.timeout.ms", max(1000, int(timeout * 1000)))
     admin = _fork.AdminClient(full)
     try:
-        md = admin.list_topics(timeout=timeout)
+        md = list_topics_until(admin, None, timeout, stop)
     except KafkaException:
         return False
     if not md.brokers:
@@ -124,10 +150,12 @@ def probe(conf: ClientConfig, topic: str, timeout: float) -> bool:
     return t.error is None and all(p.leader >= 0 for p in t.partitions.values())
 
 
-def client_probe(client: Producer, topic: str, timeout: float) -> bool:
+def client_probe(
+    client: Producer, topic: str, timeout: float, stop: threading.Event | None = None
+) -> bool:
     """A probe through an existing producer's connections (used while ONLINE)."""
     try:
-        md = client.list_topics(topic, timeout=timeout)
+        md = list_topics_until(client, topic, timeout, stop)
     except KafkaException:
         return False
     t = md.topics.get(topic)

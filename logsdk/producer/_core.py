@@ -107,6 +107,9 @@ class _Core:
     _dupseq: dict[tuple[str | None, int | None], int]
     _last_ack: float  # when an acknowledgement last came (the stall detector's clock)
     _acked_polled: int  # _n_acked at the last poll that saw it move
+    # Kafka answered this producer (an acknowledgement, a good probe) since its last
+    # degrade: free slots may be drained now. Published flag: pump and health set it.
+    _answered: bool
 
     # -- _custody: the records not yet in Kafka --
     _backlog: collections.deque[Rec]  # guarded by _lock

@@ -76,8 +76,10 @@ class _Health(_Processes):
                     client = self._client
                     # No client yet (nothing sent): nothing to probe through.
                     ok = client is None or _client.client_probe(
-                        client, self._topic, cfg.probe_timeout_s
+                        client, self._topic, cfg.probe_timeout_s, self._stop
                     )
+                    if ok and client is not None:
+                        self._answered = True
                     bad = 0 if ok else bad + 1
                     if bad >= 2:
                         self._request_degrade("health probe failed twice")
@@ -87,7 +89,10 @@ class _Health(_Processes):
             elif state is State.DEGRADED:
                 if self._epoch != epoch:  # a new outage: earlier probes do not count
                     epoch, good, bad, backoff = self._epoch, 0, 0, _BACKOFF_START_S
-                if _client.probe(cfg.probe_config(), self._topic, self._probe_timeout()):
+                if _client.probe(
+                    cfg.probe_config(), self._topic, self._probe_timeout(), self._stop
+                ):
+                    self._answered = True
                     good += 1
                     backoff = _BACKOFF_START_S
                     if good >= cfg.recovery_probes:

@@ -96,6 +96,7 @@ class _InFlight(_Identity):
         self._dupseq = {}
         self._last_ack = time.monotonic()
         self._acked_polled = 0
+        self._answered = False
 
     def _new_client(self) -> Producer:
         return _client.new_producer(self.config.librdkafka(), self._on_error)
@@ -116,7 +117,7 @@ class _InFlight(_Identity):
         timeout = min(self.config.probe_timeout_s, 1.0)
         for _ in range(2):
             try:
-                client.list_topics(self._topic, timeout=timeout)
+                _client.list_topics_until(client, self._topic, timeout, self._stop)
             except KafkaException:
                 return
 
@@ -245,6 +246,7 @@ class _InFlight(_Identity):
         if self._n_acked != self._acked_polled:
             self._acked_polled = self._n_acked
             self._last_ack = time.monotonic()
+            self._answered = True
         if self._dupseq:
             self._dupseq.clear()
         if self._shm is not None:

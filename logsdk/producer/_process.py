@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from logsdk._fork import at_fork_in_child, bury
 from logsdk._resolver import resolver_ready
 from logsdk.errors import LogSDKError, SpoolLockedError
+from logsdk.producer import _client
 from logsdk.producer._core import State
 from logsdk.producer._pump import _Pump
 from logsdk.shm._ring import inspect, segment_name
@@ -186,27 +188,54 @@ class _Processes(_Pump):
             atexit.register(_close_all_at_exit)
         _hook_pool_exit()
 
-    def _scan_slots(self) -> None:
-        """Close the drains that are done; start one for each free slot with records."""
+    def _scan_slots(self, closing_by: float | None = None) -> None:
+        """Close the drains that are done; start one for each free slot with records.
+
+        A drain started here lives on (it delivers once Kafka answers), except one started
+        by close() (``closing_by``: its deadline), which is closed by then: close() starts
+        them only where Kafka answers, so that a close() with Kafka down does not open
+        and close every free slot again (each a spool, a client and threads) for nothing."""
         with self._drains_lock:
             self._collect_drains()
-            self._drain_orphans()
+            if not resolver_ready():
+                return  # a drain could not deliver from this process; a later producer will
+            found = self._orphans_with_records()
+            if found and (closing_by is None or self._kafka_answers(closing_by)):
+                self._drain_orphans(found)
 
-    def _drain_orphans(self) -> None:
-        """Deliver what the free slots of ``spool_dir`` hold (their producers died, were
-        recycled, or closed before Kafka took everything). Each such slot is drained by a
-        producer of its own on that slot, under the slot's producer id and seqs; this
-        producer's flush() and close() wait for them, and it closes them once they are
-        done (``_collect_drains``)."""
+    def _kafka_answers(self, deadline: float) -> bool:
+        """True when Kafka answered this producer since its last degrade (an acknowledgement,
+        a good probe), or a probe made now, within ``deadline``, says it answers (none with
+        less than 0.2 s left). False while DEGRADED: Kafka is known to be down."""
+        if self._state is State.DEGRADED:
+            return False
+        if self._answered:
+            return True
+        timeout = min(self.config.probe_timeout_s, deadline - time.monotonic())
+        if timeout < 0.2:
+            return False
+        return _client.probe(self.config.probe_config(), self._topic, timeout, self._stop)
+
+    def _orphans_with_records(self) -> list[tuple[int, Path]]:
+        """The free slots of ``spool_dir`` (other than this producer's) that hold records."""
+        cfg = self.config
+        out = []
+        for index in orphans(cfg.spool_dir, self._slot):
+            path = slot_path(cfg.spool_dir, index)
+            if self._holds_records(index, path):
+                out.append((index, path))
+        return out
+
+    def _drain_orphans(self, found: list[tuple[int, Path]]) -> None:
+        """Deliver what the free slots ``found`` hold (their producers died, were recycled,
+        or closed before Kafka took everything). Each such slot is drained by a producer of
+        its own on that slot, under the slot's producer id and seqs; this producer's
+        flush() and close() wait for them, and it closes them once they are done
+        (``_collect_drains``). Caller holds ``_drains_lock``."""
         from logsdk.producer._producer import _SlotDrain
 
         cfg = self.config
-        if not resolver_ready():
-            return  # a drain could not deliver from this process; a later producer will
-        for index in orphans(cfg.spool_dir, self._slot):
-            path = slot_path(cfg.spool_dir, index)
-            if not self._holds_records(index, path):
-                continue
+        for index, path in found:
             try:
                 drain = _SlotDrain(cfg, index, path)
             except SpoolLockedError:

@@ -488,15 +488,16 @@ class LogProducer(_Health):
 
         Delivering means what :meth:`flush` does: the backlog, the records in librdkafka,
         the shm ring and the spool (including rows left by an earlier run), with Kafka
-        probed at once if it was down. At the deadline, every record not acknowledged is
-        committed to the spool, and the log says how many and where (a warning). ``None``
-        waits up to 60 s. A second call (from any thread) waits for the first one to end.
+        probed at once if it was down; and what free slots of ``spool_dir`` hold, where
+        Kafka answers (with Kafka down they are left for the next producer). At the
+        deadline, every record not acknowledged is committed to the spool, and the log
+        says how many and where (a warning). ``None`` waits up to 60 s. A second call
+        (from any thread) waits for the first one to end.
 
-        It also waits for a health probe under way to end (a probe lasts at most
-        ``probe_timeout_s``; one started by close() no longer than what is left of
-        ``timeout``, at least 0.2 s), so that nothing of this producer talks to the
-        cluster once it has returned (an abandoned probe of the topic could create it on
-        a broker that comes up later: seen in a test).
+        It also waits for a health probe under way to end (probes give up within 0.1 s
+        once close() stops them), so that nothing of this producer talks to the cluster
+        once it has returned (an abandoned probe of the topic could create it on a broker
+        that comes up later: seen in a test).
         """
         budget = 60.0 if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + budget
@@ -512,8 +513,8 @@ class LogProducer(_Health):
         try:
             self._close_deadline = deadline
             # Slots other processes left (a pool's children that closed before Kafka took
-            # everything) are delivered too, within the same timeout.
-            self._scan_slots()
+            # everything) are delivered too, within the same timeout, if Kafka answers.
+            self._scan_slots(closing_by=deadline)
             self._wait_until_delivered(deadline)
             self._stop.set()
             self._wake.set()
@@ -574,13 +575,7 @@ class LogProducer(_Health):
             self._errors.add("lost_on_close", lost)
         left = self._spool.count
         if left:
-            log.warning(
-                "close(): %d record(s) not delivered to Kafka within %gs are kept in the "
-                "spool %s; the next producer opened on that spool_dir delivers them",
-                left,
-                budget,
-                self._spool.directory,
-            )
+            self._report_left(left, budget)
         self._state = State.CLOSED
         self._flush_logs()
         if self._shm is not None:
@@ -596,6 +591,16 @@ class LogProducer(_Health):
         for cls in (*self._ticket.__mro__, *self._replay_ack.__mro__):
             if vars(cls).get("_producer") is self:
                 delattr(cls, "_producer")
+
+    def _report_left(self, left: int, budget: float) -> None:
+        """close(): say once that ``left`` records stay in this producer's spool."""
+        log.warning(
+            "close(): %d record(s) not delivered to Kafka within %gs are kept in the "
+            "spool %s; the next producer opened on that spool_dir delivers them",
+            left,
+            budget,
+            self._spool.directory,
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: state, sent, acked, spooled, replayed, dropped, buffered, errors.
@@ -698,5 +703,10 @@ class _SlotDrain(LogProducer):
         spool = Spool(path, synchronous=cfg.spool_synchronous, max_bytes=cfg.spool_max_bytes)
         return index, spool.open()
 
-    def _drain_orphans(self) -> None:
-        return
+    def _orphans_with_records(self) -> list[tuple[int, Path]]:
+        return []  # a drain delivers its own slot only
+
+    def _report_left(self, left: int, budget: float) -> None:
+        # Said once already, by the producer that left these records (its own close());
+        # every process that tries to deliver them would otherwise say it again.
+        log.debug("drain of %s closed; %d record(s) stay there", self._spool.directory, left)

@@ -182,6 +182,7 @@ class _Pump(_Replay):
             self._direct = False
             self._epoch += 1
             self._transition(Event.FAILURE, reason)
+        self._answered = False
         self._flush_logs()
         self._retire_client()
         # The purge's own failure reports asked for a degrade: this one. Left pending, the

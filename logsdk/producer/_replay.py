@@ -204,6 +204,7 @@ class _Replay(_Custody):
             # (their rows are deleted once per replay batch, which may take longer).
             self._acked_seen = n
             self._last_ack = time.monotonic()
+            self._answered = True
         if self._alarm is not None and time.monotonic() < self._disk_retry_at:
             return
         wrote = False
