@@ -18,7 +18,8 @@ does not) or ``"note"`` (what was found; nothing wrong). What is checked, per sl
 Invariants (of the check itself):
 - it never takes a slot's lock and never writes into a slot's files: SQLite is opened
   with ``mode=ro`` only when the slot's ``-wal`` and ``-shm`` exist (a read-only
-  connection creates them otherwise, and leaves them), else with ``immutable=1``, and
+  connection creates them otherwise, and leaves them), else with ``immutable=1``
+  (:mod:`logsdk.spool._readonly`), and
   such a read counts only if the file, its WAL and the slot's liveness did not change
   meanwhile (else the slot is read again; after three such reads it is reported as not
   judged, a note: a torn read could show damage that is not there). One race remains: a
@@ -41,18 +42,18 @@ summary, so the next open checks the whole file.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from logsdk.errors import SpoolError
+from logsdk.spool import _readonly
+from logsdk.spool._readonly import FileId
 from logsdk.spool._slots import slot_indexes, slot_path
 from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME, check_private
 
@@ -65,8 +66,6 @@ NOTE: Severity = "note"
 #: Reads of a slot that changed under the check (a producer opening or closing it) before
 #: the check gives up on a stable picture of it.
 _ATTEMPTS = 3
-#: Seconds a read waits for a lock SQLite needs (a producer recovering its WAL).
-_BUSY_TIMEOUT = 5.0
 _SUMMARY_KEYS = ("count", "bytes", "garbage", "mark", "size", "mtime_ns", "ino")
 
 
@@ -222,15 +221,6 @@ class _Snapshot:
     identity: list[tuple[Any, Any]] | None = None  # None: no identity table
 
 
-def _file_id(path: Path) -> tuple[int, int, int, int] | None:
-    """(inode, size, mtime_ns, device) of ``path``, None when it is missing."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev)
-
-
 def _held(path: Path) -> bool | None:
     """True when a live producer holds the slot's lock, None when that cannot be told.
     A shared flock on an open of our own, dropped at once: never the owner's lock."""
@@ -290,24 +280,11 @@ def _read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return state, None
 
 
-@contextlib.contextmanager
-def _connect(db: Path, immutable: bool) -> Iterator[sqlite3.Connection]:
-    # A URI of the absolute path, percent-encoded: spaces, '#', '?', '%' and non-ASCII
-    # characters in the path are the path's, not URI syntax.
-    uri = Path(os.path.abspath(db)).as_uri() + ("?immutable=1" if immutable else "?mode=ro")
-    conn = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT, isolation_level=None)
-    try:
-        conn.execute("PRAGMA query_only=ON")
-        yield conn
-    finally:
-        conn.close()
-
-
 def _read_db(db: Path, immutable: bool) -> _Snapshot:
     """Everything the checks need from ``spool.db``, in one read transaction."""
     snap = _Snapshot()
     try:
-        with _connect(db, immutable) as conn:
+        with _readonly.connect(db, immutable=immutable) as conn:
             conn.execute("BEGIN")
             try:
                 try:
@@ -406,7 +383,6 @@ def _check_once(path: Path, index: int, last: bool) -> SlotCheck | None:
     report = SlotCheck(index, path)
     live = _held(path)
     db = path / DB_NAME
-    wal, shm = Path(f"{db}-wal"), Path(f"{db}-shm")
     _check_files(path, report)
     if not db.exists():
         report.live = live
@@ -426,13 +402,13 @@ def _check_once(path: Path, index: int, last: bool) -> SlotCheck | None:
         return report
 
     state1, state_error = _read_state(path)
-    before = (_file_id(db), _file_id(wal), _file_id(shm))
+    before = _readonly.file_ids(db)
     # mode=ro would create a missing -wal or -shm (files of ours, left behind): without
     # both, the main file is read as it is and the read counts only if nothing changed.
-    immutable = before[1] is None or before[2] is None
+    immutable = _readonly.needs_immutable(before)
     snap = _read_db(db, immutable)
     state2, _ = _read_state(path)
-    after = (_file_id(db), _file_id(wal), _file_id(shm))
+    after = _readonly.file_ids(db)
     live_after = _held(path)
     changed = immutable and (before != after or live != live_after)
     if changed and not last:
@@ -450,7 +426,7 @@ def _check_once(path: Path, index: int, last: bool) -> SlotCheck | None:
         return report
     if state_error:
         report.problem(state_error)
-    if immutable and before[1] is not None and before[1][1] > 0:
+    if _readonly.misses_wal(before):
         report.note(
             f"{DB_NAME}-wal without {DB_NAME}-shm: read without the WAL (its newest commits "
             "are not seen)"
@@ -498,8 +474,8 @@ def _judge(
     snap: _Snapshot,
     state1: dict[str, Any] | None,
     state2: dict[str, Any] | None,
-    db_stat: tuple[int, int, int, int] | None,
-    wal_stat: tuple[int, int, int, int] | None,
+    db_stat: FileId | None,
+    wal_stat: FileId | None,
 ) -> str:
     """The findings from one read (``state1``/``state2``: ``state.json`` as read before
     and after the database's read transaction); returns the slot's status line."""
@@ -554,8 +530,8 @@ def _judge_summary(
     report: SlotCheck,
     snap: _Snapshot,
     state: dict[str, Any] | None,
-    db_stat: tuple[int, int, int, int] | None,
-    wal_stat: tuple[int, int, int, int] | None,
+    db_stat: FileId | None,
+    wal_stat: FileId | None,
 ) -> str:
     """Compare the rows with the summary of the last clean close, when it stands; returns
     what the slot's line says of the summary."""

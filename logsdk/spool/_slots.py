@@ -24,6 +24,7 @@ import sqlite3
 from pathlib import Path
 
 from logsdk.errors import SpoolError, SpoolLockedError
+from logsdk.spool import _readonly
 from logsdk.spool._spool import DB_NAME, LOCK_NAME, Spool
 
 SLOTS_DIR = "slots"
@@ -90,21 +91,25 @@ def is_free(path: Path) -> bool:
 
 
 def spooled_records(path: Path) -> int:
-    """How many records the spool at ``path`` holds (read-only; 0 when it has none)."""
+    """How many records the spool at ``path`` holds (0 when it has none), read without
+    writing a file beside it (:mod:`logsdk.spool._readonly`). 1 when that cannot be told
+    (an unreadable file, a WAL with commits but no ``-shm``, a file that changed under the
+    read): a producer that opens the slot repairs, recovers or reports it."""
     db = path / DB_NAME
-    if not db.exists():
+    before = _readonly.file_ids(db)
+    if before[0] is None:
         return 0
+    if _readonly.misses_wal(before):
+        return 1
+    immutable = _readonly.needs_immutable(before)
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    except sqlite3.Error:
-        return 1  # unreadable here: let a producer open it, which repairs or reports
-    try:
-        row = conn.execute("SELECT count(*) FROM records").fetchone()
-        return int(row[0])
+        with _readonly.connect(db, immutable=immutable) as conn:
+            n = int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
     except sqlite3.Error:
         return 1
-    finally:
-        conn.close()
+    if immutable and _readonly.file_ids(db) != before:
+        return 1  # a producer opened the slot meanwhile: a torn read of the main file
+    return n
 
 
 def orphans(root: str | os.PathLike[str], own: int) -> list[int]:

@@ -5,6 +5,7 @@ real broker; every record counted, and a reader deduping by (producer, seq) keep
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import time
@@ -179,6 +180,52 @@ def test_a_free_slot_with_leftovers_is_delivered_by_the_next_producer(
         assert again.producer_id == orphan_id
     finally:
         again.close()
+
+
+#: A directory name with what a ``file:`` URI reads as syntax: a space, '#' (fragment), '?'
+#: (query), '%' (an escape: "%41" is "A"), and a non-ASCII letter.
+URI_HOSTILE = "spool dir #1?mode=rw&x=%41 é"
+
+
+def test_slots_under_a_path_with_uri_characters_are_drained_once(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """spool_dir's path holds a space, '#', '?', '%' and 'é': the records a gone process left
+    in a free slot are delivered, draining_slots returns to 0, and an empty free slot is
+    not drained (it was, at every scan, for ever) nor written to by the look into it."""
+    caplog.set_level(logging.INFO, logger="logsdk.producer")
+    topic = fresh_topic(1)
+    root = tmp_path / URI_HOSTILE
+    leftover = Spool(root / "slots" / "1").open()
+    orphan_id = leftover.producer_id
+    leftover.append([(topic, None, b"left-%d" % i, None, 1_700_000_000_000, i) for i in range(30)])
+    leftover.close()
+    empty = root / "slots" / "2"
+    Spool(empty).open().close()
+    sqlite_files = [empty / "spool.db-wal", empty / "spool.db-shm"]
+    assert not any(f.exists() for f in sqlite_files)
+
+    p = make_producer(kafka_broker.bootstrap_servers, topic, root)
+    assert p.stats()["slot"] == 0
+    assert p.stats()["draining_slots"] == 1
+    assert p.flush(30) == 0
+    assert p.flush(30) == 0  # its look at the slots closes the finished drain, starts none
+    assert p.stats()["draining_slots"] == 0
+    drained = [
+        r.getMessage() for r in caplog.records if "left by another process" in r.getMessage()
+    ]
+    assert drained == [
+        f"spool slot {root / 'slots' / '1'}: 30 record(s) left by another process; delivering them"
+    ]
+    assert not any(f.exists() for f in sqlite_files)
+    p.close()
+    rep = check_delivery(read_topic(kafka_broker.bootstrap_servers, topic))
+    assert rep.missing(orphan_id, range(30)) == []
+    assert list(tmp_path.iterdir()) == [root]  # nothing made beside it (a '?' cut the path)
 
 
 def test_producers_take_the_lowest_free_slot(
