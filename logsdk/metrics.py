@@ -72,7 +72,9 @@ PRODUCER_METRICS: dict[str, MetricDoc] = {
     "spool_records": MetricDoc("gauge", "records the spool holds now"),
     "spool_bytes": MetricDoc("gauge", "bytes the spool holds now (as counted by spool_max_bytes)"),
     "recovered_at_start": MetricDoc("gauge", "records found in the spool when the producer opened"),
-    "possible_duplicates": MetricDoc("counter", "records in flight when a client was purged"),
+    "possible_duplicates": MetricDoc(
+        "counter", "records resent that may already be in Kafka: at least those that arrive twice"
+    ),
     "unconfirmed_acks": MetricDoc(
         "counter", "records reported delivered without an offset (duplicate sequence): resent"
     ),

@@ -193,7 +193,7 @@ class _InFlight(_Identity):
             self._reject(rec, err)
             self._n_failed += 1
             return
-        if err.code() in _client.POSSIBLY_PERSISTED:
+        if _client.possibly_persisted(err, self._answered):
             self._n_possible_dups += 1
         self._errors.add(err.name())
         self._failed.append(rec)  # before the count below: flush() must never miss it

@@ -182,9 +182,11 @@ class _Pump(_Replay):
             self._direct = False
             self._epoch += 1
             self._transition(Event.FAILURE, reason)
-        self._answered = False
         self._flush_logs()
+        # The purge's reports see whether this client was talking to Kafka (what it hands
+        # back as queued may then have been sent: see _client.possibly_persisted).
         self._retire_client()
+        self._answered = False
         # The purge's own failure reports asked for a degrade: this one. Left pending, the
         # request would end the next recovery at its first step.
         with self._request_lock:

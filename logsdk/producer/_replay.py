@@ -180,7 +180,7 @@ class _Replay(_Custody):
         if _client.is_record_error(err):
             self._reject_replayed(rid, _seq_of(msg), err.str())
             return
-        if err.code() in _client.POSSIBLY_PERSISTED:
+        if _client.possibly_persisted(err, self._answered):
             self._n_possible_dups += 1
         self._errors.add(err.name())
         self._request_degrade(f"replay delivery failed: {err.str()}")
