@@ -24,6 +24,7 @@ import ctypes
 import gc
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -77,13 +78,23 @@ class AdminClient(confluent_kafka.admin.AdminClient):
         _LIVE.add(self)
 
 
+#: Held while a descriptor that carries an ``flock`` is being opened and registered (a
+#: spool's LOCK, a shm segment): ``fork()`` waits for it, so that no child is made between
+#: the open and the registration that lets the child close its copy (see
+#: ``logsdk.spool._spool._leave_locks_to_parent``). A flock belongs to the open file, so a
+#: copy made at any instant would hold the lock the parent takes a moment later.
+fork_guard = threading.Lock()
+
+
 def _before_fork() -> None:
     global _gc_was_enabled
+    fork_guard.acquire()
     _gc_was_enabled = gc.isenabled()
     gc.disable()
 
 
 def _after_fork_in_parent() -> None:
+    fork_guard.release()
     if _gc_was_enabled:
         gc.enable()
 
@@ -95,6 +106,7 @@ def at_fork_in_child(fn: Callable[[], None]) -> None:
 
 
 def _after_fork_in_child() -> None:
+    fork_guard.release()  # taken by _before_fork, on the thread that is this child's own
     try:
         for client in list(_LIVE):
             bury(client)

@@ -74,7 +74,7 @@ from pathlib import Path
 import posix_ipc
 from zlib_ng.zlib_ng import crc32
 
-from logsdk._fork import at_fork_in_child
+from logsdk._fork import at_fork_in_child, fork_guard
 from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
 from logsdk.spool._spool import Headers, Row, Spool, encode_headers
 
@@ -208,15 +208,18 @@ class ShmRing:
         if capacity < MIN_CAPACITY:
             raise ShmError(f"shm_bytes must be at least {MIN_CAPACITY}, got {capacity}")
         capacity = capacity // 8 * 8
-        try:
-            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREAT, mode=0o600)
-        except (posix_ipc.Error, OSError, ValueError) as exc:
-            raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
-        try:
-            return cls._take(name, shm, capacity, producer_id, os.fspath(spool_dir))
-        except BaseException:
-            shm.close_fd()
-            raise
+        # Under the fork guard until _HELD knows the ring: a child forked in between would
+        # hold a copy of the locked descriptor that nothing closes (_leave_segments_to_parent).
+        with fork_guard:
+            try:
+                shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREAT, mode=0o600)
+            except (posix_ipc.Error, OSError, ValueError) as exc:
+                raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
+            try:
+                return cls._take(name, shm, capacity, producer_id, os.fspath(spool_dir))
+            except BaseException:
+                shm.close_fd()
+                raise
 
     @classmethod
     def _take(

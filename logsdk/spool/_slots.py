@@ -23,6 +23,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from logsdk._fork import fork_guard
 from logsdk.errors import SpoolError, SpoolLockedError
 from logsdk.spool import _readonly
 from logsdk.spool._spool import DB_NAME, LOCK_NAME, Spool
@@ -75,18 +76,20 @@ def open_slot(
 def is_free(path: Path) -> bool:
     """True when no live producer holds the slot at ``path`` (a moment's answer: the
     caller must still expect :class:`SpoolLockedError` when it opens the slot)."""
-    try:
-        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)  # closing the only descriptor of this open also drops the flock
+    # Under the fork guard: a child forked while the lock is taken here would keep it.
+    with fork_guard:
+        try:
+            fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # closing the only descriptor of this open also drops the flock
     return True
 
 

@@ -57,7 +57,7 @@ from typing import Any
 
 import sqlite_utils
 
-from logsdk._fork import at_fork_in_child
+from logsdk._fork import at_fork_in_child, fork_guard
 from logsdk._owner import Owner
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
@@ -440,25 +440,26 @@ class Spool:
 
     def _take_lock(self) -> None:
         path = self.directory / LOCK_NAME
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise SpoolError(f"cannot open the spool lock {path}: {exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        with fork_guard:  # no child may copy the descriptor before _LOCKED knows it
             try:
-                owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            finally:
-                os.close(fd)
-            raise SpoolLockedError(
-                f"spool dir {self.directory} is in use by another LogProducer (pid {owner}); "
-                "give each producer its own spool_dir"
-            ) from None
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:
+                raise SpoolError(f"cannot open the spool lock {path}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                finally:
+                    os.close(fd)
+                raise SpoolLockedError(
+                    f"spool dir {self.directory} is in use by another LogProducer (pid "
+                    f"{owner}); give each producer its own spool_dir"
+                ) from None
+            self._lock_fd = fd
+            _LOCKED.add(self)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
-        _LOCKED.add(self)
 
     def _release_lock(self) -> None:
         _LOCKED.discard(self)

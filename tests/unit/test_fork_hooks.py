@@ -56,3 +56,31 @@ def test_a_client_alive_at_the_fork_is_kept_in_the_child_only() -> None:
         held.clear()  # let go even when the child failed: no client left connecting
     gc.collect()
     assert ref() is None  # in the parent, a client let go is freed as usual
+
+
+def test_fork_waits_while_a_locked_descriptor_is_being_registered() -> None:
+    """While another thread holds the fork guard (opening a spool's LOCK or a shm segment
+    and registering it, so that a child can close its copy), fork() waits for it; the child
+    finds the guard free."""
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def opener() -> None:
+        with _fork.fork_guard:
+            held.set()
+            release.wait(10)
+            order.append("registered")
+
+    t = threading.Thread(target=opener)
+    t.start()
+    held.wait(10)
+    threading.Timer(0.3, release.set).start()
+    code = _in_child(lambda: _fork.fork_guard.acquire(blocking=False))
+    order.append("forked")
+    t.join(10)
+    assert code == 0
+    assert order == ["registered", "forked"]
+    assert _fork.fork_guard.acquire(blocking=False)
+    _fork.fork_guard.release()
