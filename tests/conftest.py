@@ -22,6 +22,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -196,3 +197,13 @@ def spawn(request: pytest.FixtureRequest) -> Callable[..., subprocess.Popen[Any]
         return proc
 
     return start
+
+
+def assert_spool_sound(spool: Path) -> None:
+    """``logsdk spool check`` finds no problem in the spool dir ``spool`` (the fault tests
+    run it after each kill): integrity, rows against the gauges, no seq twice, every seq
+    below the reservation, the identity in the database and in state.json agreeing."""
+    from logsdk.spool._check import check_spool_dir
+
+    result = check_spool_dir(spool)
+    assert result.ok, "\n".join(result.problems)

@@ -27,7 +27,7 @@ from logsdk import LogProducer
 from logsdk.errors import BufferFullError, RecordTooLargeError
 from logsdk.shm import inspect, list_segments, segment_name
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
-from tests.conftest import FAST
+from tests.conftest import FAST, assert_spool_sound
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
@@ -102,6 +102,7 @@ def run_child(
     if kill_after_s is not None:  # lines printed while we slept count too
         nums = [int(x) for x in out.split() if x.isdigit()]
         last = max([last, *nums])
+    assert_spool_sound(spool)
     return last
 
 
