@@ -6,16 +6,18 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import dataclasses
 import datetime as dt
+import functools
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import quote
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from logsdk._cli._common import (
     Subparsers,
@@ -28,6 +30,7 @@ from logsdk._cli._common import (
     sigterm_as_interrupt,
 )
 from logsdk.errors import SpoolError
+from logsdk.spool import _readonly
 from logsdk.spool._check import check_spool_dir
 from logsdk.spool._slots import is_free, slot_indexes, slot_path
 from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME, decode_headers
@@ -127,8 +130,12 @@ def register(sub: Subparsers) -> None:
             "Open a LogProducer on the spool dir and wait until it replayed every record of "
             "the slots no live producer holds (oldest first, each deleted only after Kafka "
             "acknowledged it). A slot a live producer holds is that producer's to deliver: "
-            "it is named, not touched. Exit status 1 if records are left at --timeout or "
-            "held by a live producer."
+            "it is named, not touched, not counted. At the end it prints, per slot and in "
+            "total, the records found, replayed, left in the spool and rejected by Kafka "
+            "(replayed + left + rejected = found). Exit status 0 when every record found "
+            "is in Kafka; 1 when records are left (not delivered within --timeout, "
+            "interrupted, or held by a live producer); else 3 when Kafka refused records "
+            "(set aside in the spool: `logsdk spool export DIR --rejected`)."
         ),
         examples="""
             logsdk spool replay /var/lib/myapp/logsdk -b kafka1:9092
@@ -152,6 +159,11 @@ def register(sub: Subparsers) -> None:
 
 # -- reading a spool without its lock --------------------------------------------------------
 
+#: Reads of a slot's main file that changed under them (a producer opening or closing the
+#: slot) before its figures are shown with a warning.
+_ATTEMPTS = 3
+T = TypeVar("T")
+
 
 def _db_path(directory: Path) -> Path:
     db = directory / DB_NAME
@@ -162,31 +174,48 @@ def _db_path(directory: Path) -> Path:
     return db
 
 
-@contextlib.contextmanager
-def open_readonly(directory: Path) -> Iterator[sqlite3.Connection]:
-    """A read-only connection: never takes the producer's lock, never writes a row."""
+def read_slot(
+    directory: Path, read: Callable[[sqlite3.Connection], T], *, attempts: int = _ATTEMPTS
+) -> T:
+    """``read(conn)`` on a read-only connection to the slot at ``directory``: it never takes
+    the producer's lock and writes neither a row nor a file (:mod:`logsdk.spool._readonly`).
+    A read of the main file alone (no ``-wal``/``-shm`` beside it) that the file changed
+    under is made again, ``attempts`` times in all; then its result comes with a warning."""
     db = _db_path(directory)
-    uri = f"file:{quote(str(db.resolve()))}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
+    for attempt in range(1, attempts + 1):
+        before = _readonly.file_ids(db)
+        immutable = _readonly.needs_immutable(before)
         try:
-            conn.execute("SELECT count(*) FROM records").fetchone()
-        except sqlite3.OperationalError:
-            conn.close()
-            if os.access(directory, os.W_OK):
-                raise
-            # A WAL database in a directory we cannot write (no -shm can be made):
-            # read the main file as it is; the WAL's newest commits are not seen.
-            err("warning: spool dir not writable; reading without its WAL (may be stale)")
-            conn = sqlite3.connect(f"{uri}&immutable=1", uri=True)
-    except sqlite3.Error as exc:
-        raise SpoolError(f"cannot read spool {db}: {exc}") from exc
+            result = _read_once(directory, db, immutable, read)
+        except sqlite3.Error as exc:
+            if immutable and attempt < attempts and _readonly.file_ids(db) != before:
+                continue  # likely a torn read: the file changed under it
+            raise SpoolError(f"cannot read spool {db}: {exc}") from exc
+        if _readonly.misses_wal(before):
+            err(f"warning: {db}-wal without -shm: read without the WAL (its newest commits unseen)")
+        if not immutable or _readonly.file_ids(db) == before:
+            return result
+    err(
+        f"warning: {db} changed under each of {attempts} read(s) (a producer opening or "
+        "closing it): what is shown of it may be off"
+    )
+    return result
+
+
+def _read_once(
+    directory: Path, db: Path, immutable: bool, read: Callable[[sqlite3.Connection], T]
+) -> T:
     try:
-        yield conn
-    except sqlite3.Error as exc:
-        raise SpoolError(f"cannot read spool {db}: {exc}") from exc
-    finally:
-        conn.close()
+        with _readonly.connect(db, immutable=immutable) as conn:
+            return read(conn)
+    except sqlite3.OperationalError:
+        if immutable or os.access(directory, os.W_OK):
+            raise
+    # A WAL database in a directory we cannot write (its -shm cannot be used): read the
+    # main file as it is; the WAL's newest commits are not seen.
+    err("warning: spool dir not writable; reading without its WAL (may be stale)")
+    with _readonly.connect(db, immutable=True) as conn:
+        return read(conn)
 
 
 def _iso(ms: int | None) -> str | None:
@@ -196,16 +225,20 @@ def _iso(ms: int | None) -> str | None:
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _owner(directory: Path) -> dict[str, Any]:
-    """Who last took the lock (pid written in LOCK) and whether it still runs.
-
-    The lock itself is never touched: trying it would make a starting producer fail.
-    """
+def _lock_pid(directory: Path) -> int | None:
+    """The pid the producer that last took the slot's lock wrote in ``LOCK`` (the lock
+    itself is never touched: trying it would make a starting producer fail)."""
     try:
         pid = int((directory / LOCK_NAME).read_text().strip() or "0")
     except (OSError, ValueError):
-        return {"pid": None, "running": False}
-    if pid <= 0:
+        return None
+    return pid if pid > 0 else None
+
+
+def _owner(directory: Path) -> dict[str, Any]:
+    """Who last took the lock (pid written in LOCK) and whether it still runs."""
+    pid = _lock_pid(directory)
+    if pid is None:
         return {"pid": None, "running": False}
     try:
         os.kill(pid, 0)
@@ -217,9 +250,10 @@ def _owner(directory: Path) -> dict[str, Any]:
     return {"pid": pid, "running": running}
 
 
-def slot_status(directory: Path) -> dict[str, Any]:
-    """What one slot holds, as a dict."""
-    with open_readonly(directory) as conn:
+def _slot_figures(conn: sqlite3.Connection) -> dict[str, Any]:
+    """One slot's figures, in one read transaction."""
+    conn.execute("BEGIN")
+    try:
         n, size, oldest, newest, seq_lo, seq_hi = conn.execute(
             "SELECT count(*), coalesce(sum(size), 0), min(ts), max(ts), min(seq), max(seq) "
             "FROM records"
@@ -232,6 +266,22 @@ def slot_status(directory: Path) -> dict[str, Any]:
             )
         }
         rejected = conn.execute("SELECT count(*) FROM rejected").fetchone()[0]
+    finally:
+        conn.execute("ROLLBACK")
+    return {
+        "records": n,
+        "bytes": size,
+        "oldest": _iso(oldest),
+        "newest": _iso(newest),
+        "seq_range": None if seq_lo is None else [seq_lo, seq_hi],
+        "rejected": rejected,
+        "topics": topics,
+    }
+
+
+def slot_status(directory: Path) -> dict[str, Any]:
+    """What one slot holds, as a dict."""
+    figures = read_slot(directory, _slot_figures)
     try:
         state = json.loads((directory / STATE_NAME).read_text())
     except (OSError, ValueError):
@@ -239,23 +289,27 @@ def slot_status(directory: Path) -> dict[str, Any]:
     files = [directory / f"{DB_NAME}{s}" for s in ("", "-wal")]
     return {
         "dir": str(directory),
-        "producer_id": state.get("producer_id"),
-        "records": n,
-        "bytes": size,
+        "producer_id": state.get("producer_id") if isinstance(state, dict) else None,
+        "records": figures["records"],
+        "bytes": figures["bytes"],
         "file_bytes": sum(f.stat().st_size for f in files if f.exists()),
-        "oldest": _iso(oldest),
-        "newest": _iso(newest),
-        "seq_range": None if seq_lo is None else [seq_lo, seq_hi],
-        "rejected": rejected,
+        "oldest": figures["oldest"],
+        "newest": figures["newest"],
+        "seq_range": figures["seq_range"],
+        "rejected": figures["rejected"],
         "corrupt_files": sorted(p.name for p in directory.glob(f"{DB_NAME}.corrupt-*")),
         "locked_by": _owner(directory),
-        "topics": topics,
+        "topics": figures["topics"],
     }
 
 
 def spool_status(directory: Path) -> dict[str, Any]:
-    """Everything ``status`` shows, as a dict (see ``--json``): the totals of every slot,
-    ``slots`` (each slot's own figures), and ``producer_id``/``locked_by`` of slot 0."""
+    """Everything ``status`` shows, as a dict (see ``--json``): ``slots``, each slot's own
+    figures; the sums of every slot's ``records``, ``bytes``, ``file_bytes``,
+    ``rejected`` and ``topics``, the oldest and newest of them, every slot's
+    ``corrupt_files`` (as paths under ``directory``); and slot 0's ``producer_id``,
+    ``locked_by`` and ``seq_range`` (seqs are counted per producer id: each slot has its
+    own, in ``slots``)."""
     _db_path(directory)
     slots = []
     for index in slot_indexes(directory):
@@ -274,7 +328,7 @@ def spool_status(directory: Path) -> dict[str, Any]:
         t["oldest"] = min((x for x in t["oldest"] if x), default=None)
         t["newest"] = max((x for x in t["newest"] if x), default=None)
     stamps = [sl[k] for sl in slots for k in ("oldest", "newest") if sl[k]]
-    first = slots[0]
+    (first,) = (sl for sl in slots if sl["slot"] == 0)
     return {
         "dir": str(directory),
         "producer_id": first["producer_id"],
@@ -285,7 +339,11 @@ def spool_status(directory: Path) -> dict[str, Any]:
         "newest": max(stamps) if stamps else None,
         "seq_range": first["seq_range"],
         "rejected": sum(sl["rejected"] for sl in slots),
-        "corrupt_files": first["corrupt_files"],
+        "corrupt_files": [
+            str((slot_path(directory, sl["slot"]) / name).relative_to(directory))
+            for sl in slots
+            for name in sl["corrupt_files"]
+        ],
         "locked_by": first["locked_by"],
         "topics": dict(sorted(topics.items())),
         "slots": slots,
@@ -293,32 +351,44 @@ def spool_status(directory: Path) -> dict[str, Any]:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    """Print the summary of one spool dir."""
+    """Print the summary of one spool dir: totals, then a line per slot when it has more
+    than one (each slot has its own producer id and seqs)."""
     s = spool_status(args.dir)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
-    owner = s["locked_by"]
-    who = f"in use by pid {owner['pid']}" if owner["running"] else "no live producer"
+    slots = s["slots"]
+    if len(slots) == 1:
+        owner = s["locked_by"]
+        who = f"in use by pid {owner['pid']}" if owner["running"] else "no live producer"
+    else:
+        live = sum(1 for sl in slots if sl["locked_by"]["running"])
+        who = f"{len(slots)} slots, {live} held by a live producer"
     print(f"spool      {s['dir']}  ({who})")
-    print(f"producer   {s['producer_id']}")
+    if len(slots) == 1:
+        print(f"producer   {s['producer_id']}")
     print(f"records    {s['records']}  ({s['bytes']:,} bytes counted, {s['file_bytes']:,} on disk)")
     if s["records"]:
         print(f"oldest     {s['oldest']}")
         print(f"newest     {s['newest']}")
+    if len(slots) == 1 and s["seq_range"] is not None:
         print(f"seq        {s['seq_range'][0]} .. {s['seq_range'][1]}")
     print(f"rejected   {s['rejected']}  (records Kafka refused, kept for inspection)")
     for name in s["corrupt_files"]:
         print(f"corrupt    {name}  (a damaged spool moved aside; inspect or delete it)")
-    if len(s["slots"]) > 1:
+    if len(slots) > 1:
         print()
-        print(f"{'slot':>4} {'records':>9} {'bytes':>12}  producer                          owner")
-        for sl in s["slots"]:
+        print(
+            f"{'slot':>4} {'records':>9} {'rejected':>9} {'bytes':>12}  {'seq':<21} "
+            f"{'producer':<33} owner"
+        )
+        for sl in slots:
             o = sl["locked_by"]
             who = f"pid {o['pid']}" if o["running"] else "none (free)"
+            seq = "-" if sl["seq_range"] is None else "{}..{}".format(*sl["seq_range"])
             print(
-                f"{sl['slot']:>4} {sl['records']:>9} {sl['bytes']:>12,}  "
-                f"{sl['producer_id'] or '-':<33} {who}"
+                f"{sl['slot']:>4} {sl['records']:>9} {sl['rejected']:>9} {sl['bytes']:>12,}  "
+                f"{seq:<21} {sl['producer_id'] or '-':<33} {who}"
             )
     if s["topics"]:
         width = max(5, *(len(t) for t in s["topics"]))
@@ -356,11 +426,40 @@ def _field(data: bytes | None) -> Any:
         return {"base64": base64.b64encode(data).decode()}
 
 
+def _export_rows(
+    conn: sqlite3.Connection, out: IO[str], *, rejected: bool, slot: int, producer: Any
+) -> int:
+    """Write one slot's records (``rejected``: its rejected rows) as JSON lines; how many."""
+    table, extra = ("rejected", ", error, at") if rejected else ("records", "")
+    written = 0
+    cur = conn.execute(
+        f"SELECT id, topic, key, value, headers, ts, seq{extra} FROM {table} ORDER BY id"
+    )
+    while rows := cur.fetchmany(1000):
+        for row in rows:
+            rid, topic, key, value, hblob, ts, seq = row[:7]
+            doc: dict[str, Any] = {
+                "id": rid,
+                "topic": topic,
+                "key": _field(key),
+                "value": _field(value),
+                "headers": [[k, _field(v)] for k, v in decode_headers(hblob)],
+                "timestamp": ts,
+                "seq": seq,
+                "producer": producer,
+                "slot": slot,
+            }
+            if rejected:
+                doc["error"], doc["rejected_at"] = row[7], row[8]
+            out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            written += 1
+    return written
+
+
 def run_export(args: argparse.Namespace) -> int:
     """Write the records (or the rejected ones) of every slot as JSON lines, slot by
     slot, oldest first in each."""
     _db_path(args.dir)
-    table, extra = ("rejected", ", error, at") if args.rejected else ("records", "")
     out: IO[str]
     n = 0
     with contextlib.ExitStack() as stack:
@@ -377,94 +476,232 @@ def run_export(args: argparse.Namespace) -> int:
                 producer = json.loads((path / STATE_NAME).read_text()).get("producer_id")
             except (OSError, ValueError, AttributeError):
                 producer = None
-            with open_readonly(path) as conn:
-                cur = conn.execute(
-                    f"SELECT id, topic, key, value, headers, ts, seq{extra} FROM {table} "
-                    "ORDER BY id"
-                )
-                while rows := cur.fetchmany(1000):
-                    for row in rows:
-                        rid, topic, key, value, hblob, ts, seq = row[:7]
-                        doc: dict[str, Any] = {
-                            "id": rid,
-                            "topic": topic,
-                            "key": _field(key),
-                            "value": _field(value),
-                            "headers": [[k, _field(v)] for k, v in decode_headers(hblob)],
-                            "timestamp": ts,
-                            "seq": seq,
-                            "producer": producer,
-                            "slot": index,
-                        }
-                        if args.rejected:
-                            doc["error"], doc["rejected_at"] = row[7], row[8]
-                        out.write(json.dumps(doc, ensure_ascii=False) + "\n")
-                        n += 1
+            write = functools.partial(
+                _export_rows, out=out, rejected=args.rejected, slot=index, producer=producer
+            )
+            # Rows are written as they are read: a slot read again would be written twice,
+            # so a read the file changed under is only said on stderr.
+            n += read_slot(path, write, attempts=1)
         out.flush()
     if args.output is not None:
         print(f"logsdk: exported {n} record(s) to {args.output}", file=sys.stderr)
     return 0
 
 
+@dataclasses.dataclass
+class _ReplaySlot:
+    """One slot as replay saw it before it started, and what became of it."""
+
+    index: int
+    path: Path
+    records: int
+    #: Its rejected rows at the look: of seqs up to ``top_seq``, and all of them.
+    rejected: int
+    rejected_all: int
+    #: The highest seq among its records at the look (None: none): a producer that takes
+    #: the slot later writes higher ones, which are not this replay's.
+    top_seq: int | None
+    topic: str | None
+    free: bool
+    #: The pid in LOCK at the look (the last producer that held it).
+    pid: int | None
+    #: This process held it during the replay (the producer, or one of its drains).
+    ours: bool = False
+    #: Another process (pid) took it during the replay before this one did.
+    taken_by: int | None = None
+    #: After the replay, of the records of the look (all records, for a slot taken over).
+    left: int = 0
+    rejected_now: int = 0
+
+    @property
+    def newly_rejected(self) -> int:
+        return self.rejected_now - self.rejected
+
+    @property
+    def replayed(self) -> int:
+        return self.records - self.left - self.newly_rejected
+
+
+def _seq_bound(top_seq: int | None) -> tuple[str, tuple[int, ...]]:
+    """The rows of seqs up to ``top_seq`` (rows without a seq, of old spools, included)."""
+    if top_seq is None:
+        return "seq IS NULL", ()
+    return "(seq IS NULL OR seq <= ?)", (top_seq,)
+
+
+def _look(path: Path, index: int) -> _ReplaySlot:
+    """A slot's figures before the replay (one read transaction)."""
+
+    def figures(conn: sqlite3.Connection) -> tuple[int, int | None, str | None, int, int]:
+        conn.execute("BEGIN")
+        try:
+            n, top, topic = conn.execute(
+                "SELECT count(*), max(seq), (SELECT topic FROM records ORDER BY id LIMIT 1) "
+                "FROM records"
+            ).fetchone()
+            where, params = _seq_bound(top)
+            (rejected,) = conn.execute(
+                f"SELECT count(*) FROM rejected WHERE {where}", params
+            ).fetchone()
+            (rejected_all,) = conn.execute("SELECT count(*) FROM rejected").fetchone()
+        finally:
+            conn.execute("ROLLBACK")
+        return int(n), top, topic, int(rejected), int(rejected_all)
+
+    n, top, topic, rejected, rejected_all = read_slot(path, figures)
+    free, pid = is_free(path), _lock_pid(path)
+    return _ReplaySlot(index, path, n, rejected, rejected_all, top, topic, free, pid)
+
+
+def _left(sl: _ReplaySlot, *, everything: bool = False) -> None:
+    """Set what the slot holds now of the records it held at the look (records a
+    producer added since have higher seqs: not counted), or all it holds (``everything``)."""
+    where, params = ("1", ()) if everything else _seq_bound(sl.top_seq)
+
+    def figures(conn: sqlite3.Connection) -> tuple[int, int]:
+        conn.execute("BEGIN")
+        try:
+            (left,) = conn.execute(f"SELECT count(*) FROM records WHERE {where}", params).fetchone()
+            (rej,) = conn.execute(f"SELECT count(*) FROM rejected WHERE {where}", params).fetchone()
+        finally:
+            conn.execute("ROLLBACK")
+        return int(left), int(rej)
+
+    sl.left, sl.rejected_now = read_slot(sl.path, figures)
+
+
+def _watch(slots: list[_ReplaySlot]) -> None:
+    """Note, from the pid in each slot's LOCK, which slots this process took (the replay's
+    producer and its drains) and which another process took first. LOCK keeps the pid of
+    the last producer that took the slot, also once it let go."""
+    me = os.getpid()
+    for sl in slots:
+        pid = _lock_pid(sl.path)
+        if pid == me:
+            sl.ours = True
+        elif pid is not None and pid != sl.pid and not sl.ours and sl.taken_by is None:
+            sl.taken_by = pid
+
+
 def run_replay(args: argparse.Namespace) -> int:
-    """Open a producer on the dir and show progress until the free slots are delivered."""
+    """Open a producer on the dir and show progress until the free slots are delivered.
+
+    The figures are per slot, each read before and after the replay: ``found`` is what the
+    free slots held, ``left`` what they hold of it after, ``rejected`` what Kafka refused
+    of it meanwhile, and ``replayed`` the rest. A slot a live producer holds is named and
+    counted in none of them (nor one another process took before this replay's producer
+    could). Exit status 0 when everything found is in Kafka, 1 when records are left
+    (timeout, interrupted, or held by a live producer), 3 when Kafka refused records."""
     from logsdk.producer import LogProducer
 
     _db_path(args.dir)
-    total, first_topic, held = 0, None, []
+    looked = []
     for index in slot_indexes(args.dir):
         path = slot_path(args.dir, index)
-        if not (path / DB_NAME).is_file():
-            continue
-        with open_readonly(path) as conn:
-            n, topic = conn.execute(
-                "SELECT count(*), (SELECT topic FROM records ORDER BY id LIMIT 1) FROM records"
-            ).fetchone()
-        if n and is_free(path):
-            total += n
-            first_topic = first_topic or topic
-        elif n:
-            held.append((index, n, _owner(path)["pid"]))
-    for index, n, pid in held:
+        if (path / DB_NAME).is_file():
+            looked.append(_look(path, index))
+    found = [sl for sl in looked if sl.free and sl.records]
+    held = [sl for sl in looked if not sl.free and sl.records]
+    for sl in held:
         err(
-            f"slot {index}: {n} record(s) held by pid {pid}, in use by another LogProducer, "
-            "which delivers them itself; not touched"
+            f"slot {sl.index}: {sl.records} record(s) held by pid {sl.pid}, in use by another "
+            "LogProducer, which delivers them itself; not touched"
         )
-    if total == 0:
+    if not found:
         if not held:
             print(f"logsdk: spool {args.dir} is empty; nothing to replay", file=sys.stderr)
         return 1 if held else 0
-    topic = str(args.topic or first_topic)
+    topic = args.topic or next((sl.topic for sl in found if sl.topic), None)
+    if not topic:
+        raise UsageError("the spooled records name no topic: give one with --topic")
     kw: dict[str, Any] = {"kafka_config": kafka_config(args)}
     if args.rate is not None:
         kw["replay_max_rate"] = args.rate
+    timed_out = interrupted = False
     producer = LogProducer(args.bootstrap, topic, args.dir, **kw)
     try:
+        _watch(looked)
         with sigterm_as_interrupt():
             try:
-                left = _show_progress(producer, total, args.timeout)
+                timed_out = _show_progress(
+                    producer, sum(sl.records for sl in found), args.timeout, lambda: _watch(looked)
+                )
             except KeyboardInterrupt:
                 err("interrupted; what was not acknowledged stays in the spool")
-                left = -1
+                interrupted = True
+        _watch(looked)
     finally:
         # The replay had its timeout: what is left stays in the spool, for a later run.
         producer.close(timeout=0)
-    rest = sum(sl["records"] for sl in spool_status(args.dir)["slots"]) - sum(n for _, n, _ in held)
-    s = producer.stats()
+    return _report(args, looked, found, held, timed_out, interrupted)
+
+
+def _report(
+    args: argparse.Namespace,
+    looked: list[_ReplaySlot],
+    found: list[_ReplaySlot],
+    held: list[_ReplaySlot],
+    timed_out: bool,
+    interrupted: bool,
+) -> int:
+    """Say what became of each slot and in total; the exit status (see run_replay)."""
+    counted = []
+    for sl in found:
+        if sl.taken_by is not None:
+            err(
+                f"slot {sl.index}: taken by another LogProducer (pid {sl.taken_by}) before this "
+                f"replay could; its {sl.records} record(s) are that producer's to deliver, "
+                "not counted here"
+            )
+            continue
+        _left(sl)
+        counted.append(sl)
+        err(
+            f"slot {sl.index}: replayed {sl.replayed} of {sl.records} record(s); "
+            f"{sl.left} left, {sl.newly_rejected} rejected by Kafka"
+        )
+        if sl.left and not sl.ours:
+            err(f"slot {sl.index}: this replay could not take it (see above); run it again")
+    # A slot a live producer held at the look that this replay's producer took over once
+    # that producer had let go of it: delivered from too, not counted as found.
+    taken_over = [sl for sl in looked if sl.ours and not sl.free]
+    for sl in taken_over:
+        _left(sl, everything=True)
+        err(
+            f"slot {sl.index}: pid {sl.pid} let go of it during the replay, which delivered "
+            f"from it too (not counted here): {sl.left} record(s) left, "
+            f"{sl.rejected_now - sl.rejected_all} rejected by Kafka"
+        )
+    total = sum(sl.records for sl in counted)
+    left = sum(sl.left for sl in counted)
+    rejected = sum(sl.newly_rejected for sl in counted)
+    replayed = sum(sl.replayed for sl in counted)
     print(
-        f"logsdk: replayed {max(0, total - rest)} of {total} record(s); "
-        f"{rest} left in the spool, {s['rejected']} rejected by Kafka",
+        f"logsdk: replayed {replayed} of {total} record(s); "
+        f"{left} left in the spool, {rejected} rejected by Kafka",
         file=sys.stderr,
     )
-    if rest:
-        if left >= 0:
-            err(f"{rest} record(s) not delivered within {args.timeout:g}s")
+    if left and timed_out:
+        err(f"{left} record(s) not delivered within {args.timeout:g}s")
+    refused = rejected + sum(sl.rejected_now - sl.rejected_all for sl in taken_over)
+    if refused:
+        err(
+            f"{refused} record(s) Kafka refused are kept in the spool, set aside: "
+            f"`logsdk spool export {shlex.quote(str(args.dir))} --rejected` shows them with "
+            "Kafka's error"
+        )
+    live = held or any(sl.taken_by is not None for sl in found)
+    if interrupted or left or live or any(sl.left for sl in taken_over):
         return 1
-    return 1 if held else 0
+    return 3 if refused else 0
 
 
-def _show_progress(producer: LogProducer, total: int, timeout: float) -> int:
-    """A progress bar on a terminal (a line a second otherwise); returns records left."""
+def _show_progress(
+    producer: LogProducer, total: int, timeout: float, every_second: Callable[[], None]
+) -> bool:
+    """A progress bar on a terminal (a line a second otherwise) until the producer has
+    nothing left to deliver; True when ``timeout`` passed first. ``every_second`` is
+    called about once a second meanwhile."""
     tty = sys.stderr.isatty()
     deadline = time.monotonic() + timeout
     next_line = 0.0
@@ -483,11 +720,13 @@ def _show_progress(producer: LogProducer, total: int, timeout: float) -> int:
                 print(f"\r{line}", end="\n" if finished else "", file=sys.stderr, flush=True)
             else:
                 print(line, file=sys.stderr, flush=True)
+        if now >= next_line:
+            every_second()
             next_line = now + 1.0
         if finished:
-            return 0
+            return False
         if now >= deadline:
             if tty:
                 print(file=sys.stderr)
-            return left
+            return True
         time.sleep(0.1 if tty else 0.05)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -332,3 +334,127 @@ def test_spool_commands_see_every_slot(
         assert (ids[2], b"left-2-0") in pairs
     finally:
         holder.close(timeout=0)
+
+
+REPLAYED = re.compile(
+    r"replayed (\d+) of (\d+) record\(s\); (\d+) left in the spool, (\d+) rejected by Kafka"
+)
+
+
+def replay_totals(stderr: str) -> tuple[int, int, int, int]:
+    """(replayed, found, left, rejected) from replay's summary line; they must add up."""
+    (m,) = REPLAYED.findall(stderr)
+    replayed, found, left, rejected = map(int, m)
+    assert replayed + left + rejected == found, stderr
+    return replayed, found, left, rejected
+
+
+def test_spool_replay_counts_what_kafka_refused_as_rejected(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A free slot (not slot 0) with 10 records and one of 1.5 MB, more than Kafka takes:
+    replay delivers the 10, counts the big one as rejected (for the slot and in total),
+    and exits 3 (records refused); status shows it rejected."""
+    from logsdk.spool import Spool
+
+    topic = fresh_topic(1)
+    spool = tmp_path / "spool"
+    Spool(spool).open().close()  # slot 0: empty
+    left = Spool(spool / "slots" / "1").open()
+    rows = [(topic, None, b"r%d" % i, None, 1, i) for i in range(10)]
+    rows.insert(5, (topic, None, b"x" * 1_500_000, None, 1, 10))
+    left.append(rows)
+    left.close()
+
+    replay = cli("spool", "replay", str(spool), "-b", kafka_broker.bootstrap_servers)
+    assert replay.returncode == 3, replay.stderr
+    assert "Traceback" not in replay.stderr
+    assert replay_totals(replay.stderr) == (10, 11, 0, 1)
+    assert "slot 1: replayed 10 of 11 record(s); 0 left, 1 rejected by Kafka" in replay.stderr
+    assert "not delivered within" not in replay.stderr
+    msgs = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert sorted(m.value() or b"" for m in msgs) == sorted(b"r%d" % i for i in range(10))
+    status = json.loads(cli("spool", "status", str(spool), "--json").stdout)
+    assert (status["records"], status["rejected"]) == (0, 1)
+
+
+def test_spool_replay_beside_a_live_producer_counts_the_free_slots_alone(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Slot 0 held by a live producer that keeps spooling (Kafka unreachable for it) while
+    replay runs; slot 1 free with 20 records. replay delivers the 20 and says so, its
+    numbers adding up; slot 0 is named as live and counted in none of them; exit 1
+    (records held by a live producer)."""
+    from logsdk.spool import Spool
+
+    topic = fresh_topic(1)
+    spool = tmp_path / "spool"
+    holder = LogProducer(f"127.0.0.1:{free_port()}", topic, spool, **FAST)
+    stop = threading.Event()
+
+    def keep_spooling() -> None:
+        i = 0
+        while not stop.is_set():
+            holder.send(b"live-%d" % i)
+            holder.flush_durable(5)
+            i += 1
+
+    sender = threading.Thread(target=keep_spooling, name="keep-spooling")
+    try:
+        assert holder.stats()["slot"] == 0
+        free = Spool(spool / "slots" / "1").open()
+        free.append([(topic, None, b"free-%d" % i, None, 1, i) for i in range(20)])
+        free.close()
+        sender.start()
+        wait_until(lambda: holder.stats()["spool_records"] > 0, 20, "the live slot spooling")
+        replay = cli("spool", "replay", str(spool), "-b", kafka_broker.bootstrap_servers)
+        assert holder.stats()["spool_records"] > 0
+    finally:
+        stop.set()
+        if sender.is_alive():
+            sender.join()
+        holder.close(timeout=0)
+    assert replay.returncode == 1, replay.stderr
+    assert replay_totals(replay.stderr) == (20, 20, 0, 0)
+    assert re.search(r"slot 0: \d+ record\(s\) held by pid", replay.stderr), replay.stderr
+    assert "not delivered within" not in replay.stderr
+    msgs = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert sorted(m.value() or b"" for m in msgs) == sorted(b"free-%d" % i for i in range(20))
+
+
+def test_spool_commands_on_a_path_with_uri_characters(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """status, export, check and replay work on a spool dir whose path holds a space, '#',
+    '?', '%' and 'é'; the read-only ones leave no file behind in the slots they read."""
+    from logsdk.spool import Spool
+
+    topic = fresh_topic(1)
+    root = tmp_path / "spool dir #1?mode=rw&x=%41 é"
+    for path, n in ((root, 3), (root / "slots" / "1", 4)):
+        s = Spool(path).open()
+        s.reserve_seq(n)  # as a producer does before it uses a seq (check looks)
+        s.append([(topic, None, b"%s-%d" % (path.name.encode(), i), None, 1, i) for i in range(n)])
+        s.close()
+    files = {p.relative_to(root) for p in root.rglob("*")}
+
+    out = cli("spool", "status", str(root), "--json")
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert (status["dir"], status["records"]) == (str(root), 7)
+    assert [sl["records"] for sl in status["slots"]] == [3, 4]
+    assert cli("spool", "status", str(root)).returncode == 0
+    out = cli("spool", "export", str(root))
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line)["slot"] for line in out.stdout.splitlines()] == [0] * 3 + [1] * 4
+    out = cli("spool", "check", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 slot(s) checked, 0 problem(s)" in out.stdout
+    assert {p.relative_to(root) for p in root.rglob("*")} == files  # no -wal/-shm made
+    assert list(tmp_path.iterdir()) == [root]
+
+    out = cli("spool", "replay", str(root), "-b", kafka_broker.bootstrap_servers)
+    assert out.returncode == 0, out.stderr
+    assert replay_totals(out.stderr) == (7, 7, 0, 0)
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 7
+    assert json.loads(cli("spool", "status", str(root), "--json").stdout)["records"] == 0

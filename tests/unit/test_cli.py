@@ -146,3 +146,78 @@ def test_tail_render_escapes_control_characters_and_survives_any_timestamp() -> 
     assert "\x07" not in doc
     assert "a\\x1bb" in doc
     assert "x\\ny" in doc
+
+
+def _slot_with(path: Path, n: int, rejected: int = 0, seq0: int = 0) -> None:
+    """A closed slot at ``path`` holding ``n`` records (seqs from ``seq0``) and ``rejected``
+    rows set aside."""
+    spool = Spool(path).open()
+    try:
+        spool.append([("t", None, b"v%d" % i, None, 1_000 + i, seq0 + i) for i in range(n)])
+        spool.reject(
+            [(("t", None, b"bad", None, 1, seq0 + n + i), "REFUSED") for i in range(rejected)]
+        )
+    finally:
+        spool.close()
+
+
+@pytest.mark.parametrize(
+    "fills",
+    [(a, b, c) for a in (0, 2) for b in (0, 3) for c in (0, 4)],
+    ids=lambda f: "-".join(map(str, f)),
+)
+def test_spool_status_adds_up_whatever_each_slot_holds(
+    fills: tuple[int, int, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three slots, each empty or holding records (an empty slot 0 beside a full one
+    crashed it): exit 0; each slot's own records, rejected and seq range; totals that are
+    their sums; the text shows each slot's seqs."""
+    for index, n in enumerate(fills):
+        path = tmp_path if index == 0 else tmp_path / "slots" / str(index)
+        _slot_with(path, n, rejected=1 if n else 0, seq0=100 * index)
+
+    assert main(["spool", "status", str(tmp_path), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    slots = status["slots"]
+    assert [(sl["slot"], sl["records"], sl["rejected"]) for sl in slots] == [
+        (i, n, 1 if n else 0) for i, n in enumerate(fills)
+    ]
+    assert [sl["seq_range"] for sl in slots] == [
+        [100 * i, 100 * i + n - 1] if n else None for i, n in enumerate(fills)
+    ]
+    for key in ("records", "bytes", "file_bytes", "rejected"):
+        assert status[key] == sum(sl[key] for sl in slots), key
+    assert status["seq_range"] == slots[0]["seq_range"]  # seqs are a slot's own: slot 0's
+    assert sum(t["records"] for t in status["topics"].values()) == status["records"]
+
+    assert main(["spool", "status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"records    {sum(fills)}  " in out
+    assert f"rejected   {sum(1 for n in fills if n)}  " in out
+    table = {
+        line.split()[0]: line.split() for line in out.splitlines() if line[:4].strip().isdigit()
+    }
+    for i, n in enumerate(fills):
+        row = table[str(i)]
+        assert row[1:3] == [str(n), str(1 if n else 0)]
+        assert (f"{100 * i}..{100 * i + n - 1}" if n else "-") in row
+
+
+def test_spool_status_names_the_corrupt_files_of_every_slot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged database moved aside in slot 2 is named (relative to DIR), not only
+    slot 0's."""
+    _slot_with(tmp_path, 1)
+    _slot_with(tmp_path / "slots" / "2", 0)
+    (tmp_path / "spool.db.corrupt-20240101-000000-aaaaaa").write_bytes(b"junk")
+    (tmp_path / "slots" / "2" / "spool.db.corrupt-20240102-000000-bbbbbb").write_bytes(b"junk")
+    assert main(["spool", "status", str(tmp_path), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["corrupt_files"] == [
+        "spool.db.corrupt-20240101-000000-aaaaaa",
+        "slots/2/spool.db.corrupt-20240102-000000-bbbbbb",
+    ]
+    assert status["slots"][1]["corrupt_files"] == ["spool.db.corrupt-20240102-000000-bbbbbb"]
+    assert main(["spool", "status", str(tmp_path)]) == 0
+    assert "corrupt    slots/2/spool.db.corrupt-20240102-000000-bbbbbb" in capsys.readouterr().out
