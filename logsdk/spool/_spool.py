@@ -61,6 +61,7 @@ from logsdk._fork import at_fork_in_child, fork_guard
 from logsdk._owner import Owner
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
+from logsdk.spool import _readonly
 
 log = logging.getLogger("logsdk.spool")
 
@@ -1149,14 +1150,19 @@ def _salvage(src: Path, dst: sqlite3.Connection) -> Salvage:
     Rows are read in id order, a batch at a time; where a read fails (a damaged page), the
     next id from which reading works is found by probing ever further ahead, then
     bisecting back, and the ids skipped are noted as unreadable. Nothing of ``src`` is
-    written: it is opened read-only, and stays where it is for inspection."""
+    written: it is opened read-only (:mod:`logsdk.spool._readonly`, by the URI of its
+    absolute path), and stays where it is for inspection."""
     out = Salvage()
-    try:
-        conn = sqlite3.connect(f"{src.as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        log.error("spool %s: cannot open it to salvage rows: %s", src, exc)
-        return out
-    try:
+    ids = _readonly.file_ids(src)
+    # A WAL that holds commits is read through (mode=ro, which makes a missing -shm: the
+    # rows are worth that file); otherwise the file is read as it is, making no file.
+    immutable = ids[1] is None or ids[1][1] == 0
+    with contextlib.ExitStack() as stack:
+        try:
+            conn = stack.enter_context(_readonly.connect(src, immutable=immutable))
+        except sqlite3.Error as exc:
+            log.error("spool %s: cannot open it to salvage rows: %s", src, exc)
+            return out
         try:
             (mark,) = conn.execute(
                 "SELECT value FROM meta WHERE name = 'replayed_through'"
@@ -1219,8 +1225,6 @@ def _salvage(src: Path, dst: sqlite3.Connection) -> Salvage:
             )
             dst.execute("COMMIT")
             out.rejected = len(rejected)
-    finally:
-        conn.close()
     return out
 
 

@@ -208,6 +208,25 @@ def test_a_damaged_file_found_at_open_is_set_aside_and_every_readable_row_kept(
         sp.close()
 
 
+def test_a_damaged_file_under_a_relative_spool_dir_is_salvaged_leaving_no_file_beside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spool_dir given as a relative path (it raised ValueError: "relative path can't be
+    expressed as a file URI", and the open failed): the damaged file is set aside and its
+    readable rows are kept; the read-only look at it makes no -wal/-shm beside it."""
+    monkeypatch.chdir(tmp_path)
+    spool_dir = Path("spool #1?x=%41 é")
+    spool_dir.mkdir(mode=0o700)
+    ids = _damaged(spool_dir, keep_summary=False)
+    sp = Spool(spool_dir).open()
+    try:
+        assert sp.corrupt_files_moved == 1
+        assert 0 < sp.count < len(ids)
+    finally:
+        sp.close()
+    assert len(list(spool_dir.glob("spool.db.corrupt-*"))) == 1  # no -wal/-shm of it
+
+
 def test_a_damaged_page_found_by_a_read_rebuilds_the_open_spool(tmp_path: Path) -> None:
     """The clean-close summary lets open skip quick_check; the damaged page is found by a
     read (SpoolCorruptError). rebuild() sets the file aside and goes on with the readable
