@@ -54,7 +54,9 @@ def local_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        # A URI, percent-encoded: Spark splits the option at spaces, and a '#', '?' or '%'
+        # in the temp dir's path would be URI syntax.
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
