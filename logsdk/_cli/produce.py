@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shlex
 import socket
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from logsdk._cli._common import (
     seconds,
     sigterm_as_interrupt,
 )
+from logsdk._cli.spool import records_left_by_this_process
 from logsdk.errors import LogSDKError
 
 if TYPE_CHECKING:
@@ -149,20 +151,27 @@ def run(args: argparse.Namespace) -> int:
                         err(f"line {n} not sent: {exc}")
             except KeyboardInterrupt:
                 err("interrupted; delivering what was read")
-            left = producer.flush(args.timeout) > 0
+            producer.flush(args.timeout)
     finally:
         # flush() had its timeout: what Kafka did not take by then goes to the spool now.
         producer.close(timeout=0)
     s = producer.stats()
+    # Read once the producer closed, from every slot it held: its own, and the free slots
+    # other processes left that it took over (its stats() count its own slot alone).
+    kept = records_left_by_this_process(spool_dir)
+    lost = int(s["errors"].get("lost_on_close", 0))
     print(
         f"logsdk: sent {s['sent']} record(s) to {args.topic}: acknowledged {s['acked']}, "
-        f"in spool {s['spool_records']}, dropped {s['dropped']}, rejected {s['rejected']}",
+        f"in spool {kept}, dropped {s['dropped']}, rejected {s['rejected']}",
         file=sys.stderr,
     )
-    if left or s["spool_records"]:
+    if lost:
+        err(f"{lost} record(s) could not be written to the spool and are lost (see the log)")
+    if kept:
         err(
-            f"{s['spool_records']} record(s) not delivered within {args.timeout:g}s are kept "
-            f"in {spool_dir}; deliver them with: logsdk spool replay {spool_dir} -b BOOTSTRAP"
+            f"{kept} record(s) not delivered within {args.timeout:g}s are kept in {spool_dir}; "
+            f"deliver them with: logsdk spool replay {shlex.quote(str(spool_dir))} -b BOOTSTRAP"
         )
+    if kept or lost:
         return 1
     return 1 if bad or s["dropped"] or s["rejected"] else 0

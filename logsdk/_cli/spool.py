@@ -250,6 +250,22 @@ def _owner(directory: Path) -> dict[str, Any]:
     return {"pid": pid, "running": running}
 
 
+def records_left_by_this_process(directory: Path) -> int:
+    """The records in the slots of ``directory`` whose ``LOCK`` names this process: the
+    slots its producers held (each producer's own, and the free slots they drained), unless
+    another process took one since. Read-only; 0 when ``directory`` holds no spool."""
+    me, n = os.getpid(), 0
+    for index in slot_indexes(directory):
+        path = slot_path(directory, index)
+        if (path / DB_NAME).is_file() and _lock_pid(path) == me:
+            n += read_slot(path, _count_records)
+    return n
+
+
+def _count_records(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+
+
 def _slot_figures(conn: sqlite3.Connection) -> dict[str, Any]:
     """One slot's figures, in one read transaction."""
     conn.execute("BEGIN")

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import selectors
+import shlex
 import signal
 import subprocess
 import sys
@@ -458,3 +459,26 @@ def test_spool_commands_on_a_path_with_uri_characters(
     assert replay_totals(out.stderr) == (7, 7, 0, 0)
     assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 7
     assert json.loads(cli("spool", "status", str(root), "--json").stdout)["records"] == 0
+
+
+def test_produce_counts_what_it_leaves_in_every_slot_it_held(tmp_path: Path) -> None:
+    """Kafka unreachable, and a process that is gone left 5 records in slot 1 of the spool
+    dir: produce takes slot 0 and delivers slot 1 too, so it says it leaves 3 + 5 records
+    in the spool (it counted its own slot's alone), and prints a replay command a shell
+    runs as shown (the path, with a space and a '#', quoted)."""
+    from logsdk.spool import Spool
+
+    spool = tmp_path / "spool dir #1"
+    left = Spool(spool / "slots" / "1").open()
+    left.reserve_seq(5)
+    left.append([("t", None, b"left-%d" % i, None, 1, i) for i in range(5)])
+    left.close()
+    out = cli("produce", "-t", "t", "-b", f"127.0.0.1:{free_port()}", "--spool-dir", str(spool),
+              "--timeout", "1", stdin="a\nb\nc\n")  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "sent 3 record(s)" in out.stderr
+    assert f"8 record(s) not delivered within 1s are kept in {spool}" in out.stderr
+    command = out.stderr.split("deliver them with: ", 1)[1].splitlines()[0]
+    assert shlex.split(command) == ["logsdk", "spool", "replay", str(spool), "-b", "BOOTSTRAP"]
+    status = json.loads(cli("spool", "status", str(spool), "--json").stdout)
+    assert [(sl["slot"], sl["records"]) for sl in status["slots"]] == [(0, 3), (1, 5)]
