@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import selectors
+import shlex
 import shutil
 import subprocess
 import sys
@@ -43,8 +45,14 @@ def test_quickstart_runs(tmp_path: Path) -> None:
     if shutil.which("logsdk", path=str(bindir)) is None:
         pytest.skip("the logsdk console script is not installed next to this Python")
     port = str(free_port())
+    spool = str(tmp_path / "spool")
+    # The path goes into shell lines: as a shell word (quoted), and in the `python -c '...'`
+    # block as a Python string literal that holds no single quote.
+    as_python = json.dumps(spool).replace("'", "\\u0027")
     lines = [
-        ln.replace("9092", port).replace("/tmp/logsdk-spool", str(tmp_path / "spool"))
+        ln.replace("9092", port)
+        .replace('"/tmp/logsdk-spool"', as_python)
+        .replace("/tmp/logsdk-spool", shlex.quote(spool))
         for ln in quickstart_lines()
     ]
     assert lines[0].startswith("pip install")
