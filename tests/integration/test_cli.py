@@ -482,3 +482,52 @@ def test_produce_counts_what_it_leaves_in_every_slot_it_held(tmp_path: Path) -> 
     assert shlex.split(command) == ["logsdk", "spool", "replay", str(spool), "-b", "BOOTSTRAP"]
     status = json.loads(cli("spool", "status", str(spool), "--json").stdout)
     assert [(sl["slot"], sl["records"]) for sl in status["slots"]] == [(0, 3), (1, 5)]
+
+
+@pytest.mark.slow
+def test_spool_replay_reports_apart_a_slot_let_go_during_it(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    spawn: Callable[..., subprocess.Popen[str]],
+    tmp_path: Path,
+) -> None:
+    """Slot 0 is held by a live producer (Kafka unreachable for it, 10 records) when replay
+    starts on slot 1's 300 records (at 20/s); that producer closes meanwhile. The replay's
+    producer, which looks at the free slots every 10 s, delivers slot 0 too: replay says so
+    apart and counts slot 1's records alone; exit 1 (a slot was held at the start)."""
+    from logsdk.spool import Spool
+
+    topic = fresh_topic(1)
+    spool = tmp_path / "spool"
+    holder = LogProducer(f"127.0.0.1:{free_port()}", topic, spool, **FAST)
+    try:
+        for i in range(10):
+            holder.send(b"held-%d" % i)
+        assert holder.flush_durable(10) == 0
+        free = Spool(spool / "slots" / "1").open()
+        free.reserve_seq(300)
+        free.append([(topic, None, b"free-%d" % i, None, 1, i) for i in range(300)])
+        free.close()
+        replay = spawn(
+            [sys.executable, "-m", "logsdk.cli", "spool", "replay", str(spool),
+             "-b", kafka_broker.bootstrap_servers, "--rate", "20", "--timeout", "120"],
+            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        assert replay.stderr is not None
+        seen = []
+        while not (seen and seen[-1].startswith("[")):  # its first progress line
+            line = replay.stderr.readline()
+            assert line, "".join(seen)
+            seen.append(line)
+    finally:
+        holder.close(timeout=0)  # Kafka is unreachable for it: its records stay in slot 0
+    stderr = "".join(seen) + replay.communicate(timeout=150)[1]
+    assert replay.returncode == 1, stderr
+    assert f"slot 0: 10 record(s) held by pid {os.getpid()}" in stderr
+    assert "slot 1: replayed 300 of 300 record(s); 0 left, 0 rejected by Kafka" in stderr
+    assert (
+        f"slot 0: pid {os.getpid()} let go of it during the replay, which delivered from it "
+        "too (not counted here): 0 record(s) left, 0 rejected by Kafka"
+    ) in stderr
+    assert replay_totals(stderr) == (300, 300, 0, 0)
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 310
