@@ -3,17 +3,18 @@
 Invariants owned here:
 - ``producer_id`` is the spool slot's own (kept in the slot's ``state.json``): a restarted
   producer on the same slot continues under the same id;
-- a seq is handed out only below ``_seq_limit``, and every seq below it is reserved on disk
-  (``state.json`` and the database) before it is: a seq is never handed out twice for one
-  id, even after a crash (a restart starts at the end of the last reservation: a gap,
+- a seq is handed out only below ``Gate.seq_limit``, and every seq below it is reserved on
+  disk (``state.json`` and the database) before it is: a seq is never handed out twice for
+  one id, even after a crash (a restart starts at the end of the last reservation: a gap,
   never a reuse);
 - reservations are made by the thread that owns the spool, never by send(): the
   constructor reserves the first block, and the pump the next one ahead of need, once
-  half of the current block is used (``_reserve_ahead``). send() only takes a number from
-  memory; should it ever catch up with the reservation (the pump stalled, or the disk
-  refused the reservation), it waits for the pump, at most ``max_block_s``, and that
-  wait is counted (``seq_waits`` in stats()) and logged by the pump;
-- a seq is taken under ``_lock`` (send()), and given back only when the record was refused
+  half of the current block is used (:meth:`SeqReserver.reserve_ahead`). send() only
+  takes a number from memory; should it ever catch up with the reservation (the pump
+  stalled, or the disk refused the reservation), it waits for the pump, at most
+  ``max_block_s`` (:func:`wait_for_seq`), and that wait is counted (``seq_waits`` in
+  stats()) and logged by the pump;
+- a seq is taken under the send lock, and given back only when the record was refused
   and no later seq was taken meanwhile.
 
 The block is ``_SEQ_BLOCK`` seqs; ``LOGSDK_TEST_SEQ_BLOCK`` (an environment variable read
@@ -25,11 +26,15 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 
+from logsdk._owner import Owner
 from logsdk.errors import ConfigError, ProducerClosedError, SpoolError
-from logsdk.producer._core import _Core
-from logsdk.producer._records import HEADER_PRODUCER
+from logsdk.producer._gate import Gate
+from logsdk.producer._tally import Tally
+from logsdk.spool._spool import Spool
 
 log = logging.getLogger("logsdk.producer")
 
@@ -53,76 +58,88 @@ def seq_block() -> int:
     return block
 
 
-class _Identity(_Core):
-    """Producer id and seq reservation (a part of :class:`LogProducer`)."""
+class SeqReserver:
+    """Keeps the seqs reserved on disk ahead of the send path.
 
-    def _init_identity(self) -> None:
-        """Read the id and reserve the first block (the thread that opened the spool)."""
-        self.producer_id = self._spool.producer_id
-        self._pid_bytes = self.producer_id.encode()
-        self._pid_header = (HEADER_PRODUCER, self._pid_bytes)
-        self._seq_block = seq_block()
-        self._seq_next = self._spool.seq_reserved
-        self._seq_limit = self._seq_next + self._seq_block
-        self._spool.reserve_seq(self._seq_limit)
-        self._seq_refill_at = self._seq_limit - self._seq_block // 2
-        self._seq_retry_at = 0.0
-        self._n_seq_waits = 0
-        self._seq_waits_logged = 0
-        self._seq_log_at = 0.0
+    Owner: the thread that owns the spool: the constructor's (the first block, before the
+    gate is shared), then the pump (:meth:`reserve_ahead`, each step), handed over with the
+    spool. It reads the gate's ``seq_next`` and ``seq_waits`` as published values and
+    raises ``seq_limit`` under the gate's lock.
+    """
 
-    def _reserve_ahead(self) -> None:
+    def __init__(self, spool: Spool, errors: Tally) -> None:
+        self._spool = spool
+        self._errors = errors
+        self.block = seq_block()
+        self.owner = Owner(f"the seq reservations of {spool.directory}")
+        first = spool.seq_reserved
+        spool.reserve_seq(first + self.block)  # on disk first: nothing used before it
+        self.first = first
+        self._refill_at = first + self.block - self.block // 2
+        self._retry_at = 0.0
+        self._waits_logged = 0
+        self._log_at = 0.0
+
+    def gate(self) -> Gate:
+        """The send path's gate, starting at the first reserved seq."""
+        return Gate(self.first, self.first + self.block)
+
+    def reserve_ahead(self, gate: Gate) -> None:
         """Pump thread: once half of the reservation is used, reserve the next block, so
         that send() always finds a seq in memory. A failed write is retried a second later
         (send() waits meanwhile if it runs out); nothing is advanced before it is on disk."""
-        waits = self._n_seq_waits
-        if waits != self._seq_waits_logged:
+        self.owner.check("reserve seqs")
+        waits = gate.seq_waits
+        if waits != self._waits_logged:
             now = time.monotonic()
-            if now >= self._seq_log_at:  # at most once per 10 s, with the count so far
-                self._seq_log_at = now + 10.0
-                self._seq_waits_logged = waits
+            if now >= self._log_at:  # at most once per 10 s, with the count so far
+                self._log_at = now + 10.0
+                self._waits_logged = waits
                 log.error(
                     "send() waited for sequence numbers %d time(s) so far (reserved up to "
                     "%d, %d a block): the pump did not reserve them in time",
                     waits,
-                    self._seq_limit,
-                    self._seq_block,
+                    gate.seq_limit,
+                    self.block,
                 )
-        if self._seq_next < self._seq_refill_at:
+        seq_next = gate.seq_next
+        if seq_next < self._refill_at:
             return
         now = time.monotonic()
-        if now < self._seq_retry_at:
+        if now < self._retry_at:
             return
         # At least a block ahead of the next seq, so that one reservation always suffices.
-        limit = max(self._seq_limit, self._seq_next) + self._seq_block
+        limit = max(gate.seq_limit, seq_next) + self.block
         try:
             self._spool.reserve_seq(limit)
         except SpoolError as exc:
-            self._seq_retry_at = now + 1.0
+            self._retry_at = now + 1.0
             self._errors.add("seq_reservation")
             log.error("sequence numbers not reserved (retried in 1s): %s", exc)
             return
-        with self._lock:
-            self._seq_limit = limit
-            self._space.notify_all()  # a sender may be waiting for them
-        self._seq_refill_at = limit - self._seq_block // 2
-        self._seq_retry_at = 0.0
+        with gate.lock:
+            gate.seq_limit = limit
+            gate.space.notify_all()  # a sender may be waiting for them
+        self._refill_at = limit - self.block // 2
+        self._retry_at = 0.0
 
-    def _wait_for_seq(self) -> int:
-        """send() caught up with the reservation (caller holds ``_lock``): wait for the
-        pump to reserve more, at most ``max_block_s``. Returns the seq to take."""
-        self._n_seq_waits += 1
-        deadline = time.monotonic() + self.config.max_block_s
-        while self._seq_next >= self._seq_limit:
-            if self._closing:
-                raise ProducerClosedError("the producer is closed; it accepts no more records")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SpoolError(
-                    f"no sequence number reserved on disk within max_block_s="
-                    f"{self.config.max_block_s} (reserved up to {self._seq_limit}; "
-                    f"spool alarm: {self._alarm or 'none'})"
-                )
-            self._wake.set()
-            self._space.wait(min(left, 0.05))
-        return self._seq_next
+
+def wait_for_seq(
+    gate: Gate, wake: threading.Event, max_block_s: float, alarm: Callable[[], str | None]
+) -> int:
+    """send() caught up with the reservation (caller holds ``gate.lock``): wait for the
+    pump to reserve more, at most ``max_block_s``. Returns the seq to take."""
+    gate.seq_waits += 1
+    deadline = time.monotonic() + max_block_s
+    while gate.seq_next >= gate.seq_limit:
+        if gate.closing:
+            raise ProducerClosedError("the producer is closed; it accepts no more records")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SpoolError(
+                f"no sequence number reserved on disk within max_block_s={max_block_s} "
+                f"(reserved up to {gate.seq_limit}; spool alarm: {alarm() or 'none'})"
+            )
+        wake.set()
+        gate.space.wait(min(left, 0.05))
+    return gate.seq_next

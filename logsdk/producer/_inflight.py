@@ -2,33 +2,43 @@
 
 Invariants owned here:
 - every fresh record handed to a client holds a ticket, and its record sits in
-  ``_slots[ticket]`` until its delivery report: acknowledged (``_n_acked``) or handed back
-  (``_n_failed``: to the spool, or to the rejected table). A ticket is reused only after
-  its report (or after produce() refused the record: nothing of it is in librdkafka);
-- ``_n_produced - _n_acked - _n_failed`` is what librdkafka holds; it is never seen one
-  too small (a record is in the table and counted before produce() is called);
+  ``slots[ticket]`` until its delivery report: acknowledged (``acked``) or handed back (to
+  custody: the spool, or the rejected table). A ticket is reused only after its report
+  (or after produce() refused the record: nothing of it is in librdkafka);
+- what librdkafka holds is the tickets in use (``outstanding()``); it is never seen one
+  too small: a record is in the table before produce() is called, and a failed record
+  reaches custody before its ticket is freed;
 - a report without an offset (a duplicate-sequence reply), and the rest of its batch, is
   never counted as acknowledged: the record is resent (see ``_UNCONFIRMED``);
 - a client is dropped only once it owes no report; one that still owes some after its
-  purge is kept (``_zombies``) and polled until it does;
+  purge is kept (``zombies``) and polled until it does;
 - reports run on the pump thread only (poll() and flush() are called there, and in
   close() once the pump has stopped).
+
+Owner: the pump thread (``owner``), except the ticket table, which the send path shares:
+``send()`` takes a ticket (``free.pop()``, ``slots[t] = rec``, under the send lock) and
+the pump's reports give it back (``slots[t] = None``, ``free.append(t)``); each is one list
+operation, atomic under the GIL, and only the send path pops, so a ticket is never handed
+out twice. ``client`` is published (send() produces through it, the health thread probes
+through it); the pump replaces it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from logsdk._owner import Owner
 from logsdk.producer import _client
-from logsdk.producer._identity import _Identity
-from logsdk.producer._records import HEADER_SEQ, KHeaders, Rec, _row
-
-if TYPE_CHECKING:
-    from logsdk.producer._producer import LogProducer
+from logsdk.producer._config import ProducerConfig
+from logsdk.producer._records import HEADER_SEQ, KHeaders, Rec
+from logsdk.producer._tally import Tally
+from logsdk.shm._ring import ShmRing
 
 log = logging.getLogger("logsdk.producer")
 
@@ -42,66 +52,112 @@ _PURGE_WAIT_S = 30.0  # how long a purge may take to hand records back
 #: headers identify), never counted as acknowledged.
 _UNCONFIRMED = "delivery reported without an offset (duplicate sequence reply); resending"
 
+#: ``(seq, err, msg)`` for every delivery report, before it is served (a testing hook).
+Tracer = Callable[[int, KafkaError | None, Message], None]
+
+
+class Handback:
+    """Where a fresh record goes when librdkafka hands it back (custody, on the pump)."""
+
+    def __init__(
+        self,
+        failed: Callable[[Rec], None],
+        rejected: Callable[[Rec, str], None],
+        degrade: Callable[[str], None],
+    ) -> None:
+        #: A record to spool and resend (failed, or reported without an offset).
+        self.failed = failed
+        #: A record Kafka refused, with why: for the rejected table.
+        self.rejected = rejected
+        #: Ask the pump to degrade, with why.
+        self.degrade = degrade
+
 
 class _Ticket(int):
-    """A slot of the producer's in-flight table, and the delivery callback of the record
-    that holds it.
+    """A slot of the in-flight table, and the delivery callback of the record that holds it.
 
     librdkafka holds the callback of every record in flight, and the record must come
     back with its report (librdkafka drops the headers from purged reports: nothing is
-    rebuilt from one). The record itself is a plain tuple in ``_slots[ticket]``; the
+    rebuilt from one). The record itself is a plain tuple in ``slots[ticket]``; the
     tickets are reused, so a producer in steady state allocates no object the garbage
     collector tracks beyond the record's own tuple, which the collector stops tracking at
     its first pass when every field is a str, bytes, int or None (a record with user
     headers holds their list, and stays tracked until its report). A callback object per
     record (the record as a tuple subclass, before) is tracked until its report: with
     100k records in flight, CPython's collector took 100-140 ms of a 1 s benchmark round.
-    Each producer has its own subclass that names it in ``_producer``.
+    Each in-flight table has its own subclass that names it in ``_flight``.
     """
 
     __slots__ = ()
-    _producer: ClassVar[LogProducer]
+    _flight: ClassVar[InFlight]
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        p = self._producer
-        slots = p._slots
+        f = self._flight
+        slots = f.slots
         rec: Rec = slots[self]  # type: ignore[assignment]  # set before produce()
-        slots[self] = None
-        p._free.append(self)  # the record is out of the table: the ticket may serve again
-        # _on_delivery()'s ack path, inlined (no chain of unconfirmed reports under way)
-        if err is None and not p._dupseq and msg.offset() is not None:
+        # on_delivery()'s ack path, inlined (no chain of unconfirmed reports under way)
+        if err is None and not f.dupseq and msg.offset() is not None:
             # Settled before counted: flush() reads the count, and what it saw acknowledged
             # is no longer pending in the ring.
-            if p._shm is not None:
-                p._shm.settle(rec[5])
-            p._n_acked += 1  # _polled() notes the time of the progress, once per poll
-            return
-        p._on_delivery(rec, err, msg)
+            f.settle(rec[5])
+            f.acked += 1  # polled() notes the time of the progress, once per poll
+        else:
+            f.on_delivery(rec, err, msg)  # in custody's hands before the ticket is free
+        slots[self] = None
+        f.free.append(self)  # the record is out of the table: the ticket may serve again
 
 
-class _InFlight(_Identity):
-    """The client and the records it holds (a part of :class:`LogProducer`)."""
+class InFlight:
+    """The client and the records it holds (see the module docstring)."""
 
-    def _init_inflight(self) -> None:
-        self._client = None
-        self._zombies = []
-        self._ticket = type("_Ticket", (_Ticket,), {"__slots__": (), "_producer": self})
-        self._slots = []
-        self._free = []
-        self._n_produced = 0
-        self._n_acked = 0
-        self._n_failed = 0
-        self._n_possible_dups = 0
-        self._n_unconfirmed = 0
-        self._dupseq = {}
-        self._last_ack = time.monotonic()
+    def __init__(
+        self,
+        config: ProducerConfig,
+        errors: Tally,
+        counts: Tally,
+        handback: Handback,
+        ring: ShmRing | None,
+        stop: threading.Event,
+    ) -> None:
+        self._config = config
+        self._topic = config.topic
+        self._errors = errors
+        self._counts = counts
+        self._handback = handback
+        self._stop = stop
+        self.owner = Owner("the in-flight table of a producer")
+        self._ring = ring
+        #: ``settle(seq)``: the acknowledged record's ring slot is free (a no-op without one).
+        self.settle: Callable[[int], None] = ring.settle if ring is not None else _no_ring
+        #: The current client (None while DEGRADED, and until the first send()). Published.
+        self.client: Producer | None = None
+        #: Retired clients that still owe reports, with when they were retired.
+        self.zombies: list[tuple[Producer, float]] = []
+        self.ticket: type[_Ticket] = type("_Ticket", (_Ticket,), {"__slots__": (), "_flight": self})
+        self.slots: list[Rec | None] = []  # in-flight records, by ticket
+        self.free: list[_Ticket] = []  # tickets not in use
+        self.acked = 0  # fresh records acknowledged
+        self.possible_dups = 0
+        self.unconfirmed = 0  # "delivered" reports without an offset: resent
+        # (topic, partition) -> the offset librdkafka gives the next record of a batch whose
+        # first record came back without one (see is_unconfirmed); empty almost always.
+        self.dupseq: dict[tuple[str | None, int | None], int] = {}
+        #: When an acknowledgement last came (the stall detector's clock). Published.
+        self.last_ack = time.monotonic()
         self._acked_polled = 0
-        self._answered = False
+        #: Kafka answered (an acknowledgement) since the last degrade. Published; the pump
+        #: and the health thread set it, the pump clears it after a degrade.
+        self.answered = False
+        #: A testing hook (``ProducerHooks.delay_connect``): connect() waits this long first.
+        self.connect_delay_s = 0.0
 
-    def _new_client(self) -> Producer:
-        return _client.new_producer(self.config.librdkafka(), self._on_error)
+    # -- the client --------------------------------------------------------------------
 
-    def _connect(self, client: Producer) -> None:
+    def new_client(self) -> Producer:
+        """A client for this producer (any thread: the first send() makes one)."""
+        return _client.new_producer(self._config.librdkafka(), self._on_error)
+
+    def connect(self, client: Producer) -> None:
         """Have a new client connect to the cluster's brokers before the replay starts.
 
         An idempotent client sends nothing before the broker gives it a producer id, and
@@ -112,50 +168,54 @@ class _InFlight(_Identity):
         client was built, measured: the whole replay window waited for it. A second
         metadata request needs a real broker connection; once that is up the id is asked
         at once (about 70 ms after the client was built instead of 500 to 1000).
-        Best effort: a failure here only leaves librdkafka to its timer.
+        Best effort: a failure here only leaves librdkafka to its timer; a stop gives up.
         """
-        timeout = min(self.config.probe_timeout_s, 1.0)
+        if self.connect_delay_s and self._stop.wait(self.connect_delay_s):
+            return
+        timeout = min(self._config.probe_timeout_s, 1.0)
         for _ in range(2):
             try:
                 _client.list_topics_until(client, self._topic, timeout, self._stop)
             except KafkaException:
                 return
 
-    def _outstanding(self) -> int:
-        return self._n_produced - self._n_acked - self._n_failed
+    def outstanding(self) -> int:
+        """Records librdkafka holds (any client): the tickets in use. Any thread."""
+        return len(self.slots) - len(self.free)
 
-    def _new_ticket(self) -> _Ticket:
-        """A ticket for one more record in flight (none free: the table grows by one)."""
-        ticket = self._ticket(len(self._slots))
-        self._slots.append(None)
+    def new_ticket(self) -> _Ticket:
+        """A ticket for one more record in flight (none free: the table grows by one).
+        The send path, under the send lock."""
+        ticket = self.ticket(len(self.slots))
+        self.slots.append(None)
         return ticket
 
-    def _give_back(self, ticket: _Ticket) -> None:
+    def give_back(self, ticket: _Ticket) -> None:
         """produce() refused the record under ``ticket``: librdkafka holds neither, so no
         report will free it. (Any other exception keeps the ticket taken: had the record
         gone in, its report will come; a leak, never a reuse under a live record.)"""
-        self._slots[ticket] = None
-        self._free.append(ticket)
+        self.slots[ticket] = None
+        self.free.append(ticket)
 
-    def _produce_rec(self, rec: Rec) -> bool:
-        """Hand one record to the client (caller holds _lock), under a ticket that brings it
-        back with its delivery report.
+    def produce(self, rec: Rec, pid_header: tuple[str, bytes]) -> bool:
+        """Hand one accepted record to the client (the pump, holding the send lock, for the
+        backlog), under a ticket that brings it back with its delivery report.
 
         True: handed over. False: not now (librdkafka's queue is full, or the client is
-        broken and a degrade is requested). Raises KafkaException when librdkafka refuses
-        the record itself (too large, invalid): the caller decides what that means.
+        broken and a degrade is requested). Raises KafkaException, ValueError or TypeError
+        when librdkafka refuses the record itself (too large, invalid).
         """
         topic, k, v, h, ts, seq = rec
-        hdrs: KHeaders = [self._pid_header, (HEADER_SEQ, b"%d" % seq)]
+        hdrs: KHeaders = [pid_header, (HEADER_SEQ, b"%d" % seq)]
         if h:
             hdrs = [*h, *hdrs]
-        free = self._free
-        ticket = free.pop() if free else self._new_ticket()
-        self._slots[ticket] = rec
+        free = self.free
+        ticket = free.pop() if free else self.new_ticket()
+        self.slots[ticket] = rec
         try:
             # librdkafka drops headers from the reports of purged records, so the record
             # comes back through its ticket: nothing is rebuilt from a report.
-            self._client.produce(  # type: ignore[union-attr]
+            self.client.produce(  # type: ignore[union-attr]
                 topic,
                 v,
                 k,
@@ -166,102 +226,129 @@ class _InFlight(_Identity):
                 hdrs,
             )
         except (BufferError, KafkaException, ValueError, TypeError) as exc:
-            self._give_back(ticket)
+            self.give_back(ticket)
             if isinstance(exc, BufferError):
                 return False
             if not isinstance(exc, KafkaException) or _client.is_record_exception(exc):
                 raise
             self._errors.add("produce_error")
-            self._request_degrade(f"produce failed: {exc}")
+            self._handback.degrade(f"produce failed: {exc}")
             return False
-        self._n_produced += 1
         return True
 
-    def _on_delivery(self, rec: Rec, err: KafkaError | None, msg: Message) -> None:
+    # -- delivery reports (pump) -------------------------------------------------------
+
+    def on_delivery(self, rec: Rec, err: KafkaError | None, msg: Message) -> None:
+        """A fresh record's report, other than a plain acknowledgement (pump thread)."""
         if err is None:
-            if not self._unconfirmed(msg):
-                if self._shm is not None:
-                    self._shm.settle(rec[5])
-                self._n_acked += 1
+            if not self.is_unconfirmed(msg):
+                self.settle(rec[5])
+                self.acked += 1
                 return
             # Unconfirmed: a delivery that possibly persisted the record; spooled, resent.
-            self._failed.append(rec)
-            self._n_failed += 1
-            self._unconfirmed_seen()
+            self._handback.failed(rec)
+            self.unconfirmed_seen()
             return
         if _client.is_record_error(err):
-            self._reject(rec, err)
-            self._n_failed += 1
+            self._counts.add("rejected")
+            self._errors.add("rejected")
+            log.error(
+                "record seq=%d rejected by Kafka (%s); set aside in the spool", rec[5], err.str()
+            )
+            self._handback.rejected(rec, err.str())
             return
-        if _client.possibly_persisted(err, self._answered):
-            self._n_possible_dups += 1
+        if _client.possibly_persisted(err, self.answered):
+            self.possible_dups += 1
         self._errors.add(err.name())
-        self._failed.append(rec)  # before the count below: flush() must never miss it
-        self._n_failed += 1
-        self._request_degrade(f"delivery failed: {err.str()}")
+        self._handback.failed(rec)
+        self._handback.degrade(f"delivery failed: {err.str()}")
 
-    def _reject(self, rec: Rec, err: KafkaError) -> None:
-        with self._lock:
-            self._n_rejected += 1
-        self._errors.add("rejected")
-        log.error("record seq=%d rejected by Kafka (%s); set aside in the spool", rec[5], err.str())
-        self._rejects.append((_row(rec), err.str()))
-
-    def _unconfirmed(self, msg: Message) -> bool:
+    def is_unconfirmed(self, msg: Message) -> bool:
         """True for a "delivered" report that no offset confirms (see ``_UNCONFIRMED``).
 
         librdkafka gives the batch's base offset to its first record and base+i to the
         others; after a duplicate-sequence reply the base is -1, so the first record has no
         offset and the rest of its batch come right after it (in the same poll) with the
         offsets 0, 1, 2... Those are unconfirmed too. The chain ends at the first report of
-        that partition that breaks it, and at the end of the poll (``_polled``).
+        that partition that breaks it, and at the end of the poll (``polled``).
         """
         off = msg.offset()
         key = (msg.topic(), msg.partition())
         if off is None:
-            self._dupseq[key] = 0
+            self.dupseq[key] = 0
             return True
-        nxt = self._dupseq.get(key)
+        nxt = self.dupseq.get(key)
         if nxt is None:
             return False
         if off == nxt:
-            self._dupseq[key] = nxt + 1
+            self.dupseq[key] = nxt + 1
             return True
-        del self._dupseq[key]
+        del self.dupseq[key]
         return False
 
-    def _unconfirmed_seen(self) -> None:
+    def unconfirmed_seen(self) -> None:
         """Count one unconfirmed delivery report and degrade, so its record is resent."""
-        self._n_unconfirmed += 1
+        self.unconfirmed += 1
         self._errors.add("unconfirmed_ack")
-        self._n_possible_dups += 1
-        self._request_degrade(_UNCONFIRMED)
+        self.possible_dups += 1
+        self._handback.degrade(_UNCONFIRMED)
 
-    def _polled(self) -> None:
-        """A poll or flush returned: every batch it reported is complete, and the ring
-        slots of the records it settled are flagged (one lock for the lot). Acknowledgements
+    def poll(self, timeout: float) -> None:
+        """Serve the current client's reports (pump thread)."""
+        client = self.client
+        if client is not None:
+            client.poll(timeout)
+            self.polled()
+
+    def polled(self) -> None:
+        """A poll or flush returned: every batch it reported is complete. Acknowledgements
         it served count as progress for the stall detector (one clock read per poll, not
         per record: delivery reports are only served inside poll() and flush())."""
-        self._pump_owner.check("serve delivery reports")
-        if self._n_acked != self._acked_polled:
-            self._acked_polled = self._n_acked
-            self._last_ack = time.monotonic()
-            self._answered = True
-        if self._dupseq:
-            self._dupseq.clear()
-        if self._shm is not None:
-            self._shm.drain_settled()
+        self.owner.check("serve delivery reports")
+        if self.acked != self._acked_polled:
+            self._acked_polled = self.acked
+            self.last_ack = time.monotonic()
+            self.answered = True
+        if self.dupseq:
+            self.dupseq.clear()
+        if self._ring is not None:
+            self._ring.drain_settled()  # the ring slots of the records it settled: one lock
+
+    def install(self, client: Producer | None) -> None:
+        """The client to produce through from now on (the pump's recovery; the first
+        send(), under the send lock, while ONLINE with none installed)."""
+        self.client = client
+
+    def forget_answer(self) -> None:
+        """A degrade (pump): Kafka has not answered since."""
+        self.answered = False
+
+    def answered_probe(self) -> None:
+        """A probe of the cluster succeeded (health thread): Kafka answers."""
+        self.answered = True
+
+    def count_possible_dup(self) -> None:
+        """A record handed back may be in Kafka already (a replay's, counted here too)."""
+        self.possible_dups += 1
+
+    def heard(self) -> None:
+        """Kafka acknowledged something (a replay batch, on the pump): progress for the
+        stall detector, and proof that Kafka answers."""
+        self.last_ack = time.monotonic()
+        self.answered = True
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
             self._errors.add("fatal")
-            self._request_degrade(f"fatal client error: {err.str()}")
+            self._handback.degrade(f"fatal client error: {err.str()}")
         elif _client.is_cluster_down(err):
-            self._request_degrade(f"cluster unreachable: {err.str()}")
+            self._handback.degrade(f"cluster unreachable: {err.str()}")
 
-    def _retire_client(self) -> None:
-        self._pump_owner.check("retire the client")
-        client, self._client = self._client, None
+    def retire(self) -> None:
+        """Take the client away: purge it and serve the reports of what it held (pump, or
+        close() once the pump has ended)."""
+        self.owner.check("retire the client")
+        client, self.client = self.client, None
         if client is None:
             return
         try:
@@ -273,26 +360,26 @@ class _InFlight(_Identity):
         # client's: one retired earlier (still owing reports) is polled, not waited for.
         while len(client) > 0 and time.monotonic() < deadline:
             client.poll(0.05)
-            self._polled()
-            if self._zombies:
-                self._poll_retired()
+            self.polled()
+            if self.zombies:
+                self.poll_retired()
         if len(client) > 0:
             # Never drop a client that still owes delivery reports: its records would be lost.
             log.error(
                 "client still holds %d record(s) after purge; keeping it until it reports",
                 len(client),
             )
-            self._zombies.append((client, time.monotonic()))
+            self.zombies.append((client, time.monotonic()))
         else:
             del client
 
-    def _poll_retired(self) -> None:
+    def poll_retired(self) -> None:
         """Serve the reports of clients retired while they still owed some; a client that
         owes none (librdkafka's out queue is empty) is dropped."""
         keep = []
-        for z, since in self._zombies:
+        for z, since in self.zombies:
             z.poll(0)
-            self._polled()
+            self.polled()
             if len(z):
                 keep.append((z, since))
             else:
@@ -300,4 +387,41 @@ class _InFlight(_Identity):
                     "retired client reported its last record %.1fs after its purge",
                     time.monotonic() - since,
                 )
-        self._zombies = keep
+        self.zombies = keep
+
+    def flush_retired(self) -> None:
+        """close(), once the pump has ended: give retired clients a last chance to report."""
+        for z, _ in self.zombies:
+            z.flush(5)
+            self.polled()
+
+    def trace(self, tracer: Tracer) -> None:
+        """A testing hook: ``tracer(seq, err, msg)`` before each report is served. Install
+        it before the first send() (reports of records already in flight are served by
+        the tickets they were produced under)."""
+        base = self.ticket
+        slots = self.slots
+
+        class Traced(base):  # type: ignore[misc,valid-type]
+            __slots__ = ()
+
+            def __call__(self, err: KafkaError | None, msg: Message) -> None:
+                rec = slots[self]
+                if rec is not None:
+                    tracer(rec[5], err, msg)
+                base.__call__(self, err, msg)
+
+        self.ticket = Traced
+
+    def forget(self) -> None:
+        """After the threads stopped (close()): nothing serves a report any more. The
+        ticket class names this table, a reference cycle: without it, a closed producer and
+        its table (one ticket per record in flight at the peak) are freed as soon as the
+        application drops them, not at the cyclic collector's next full pass."""
+        for cls in self.ticket.__mro__:
+            if vars(cls).get("_flight") is self:
+                delattr(cls, "_flight")
+
+
+def _no_ring(seq: int) -> None:
+    """Without a ring, an acknowledged record frees nothing."""

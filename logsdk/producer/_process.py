@@ -25,15 +25,17 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from logsdk._fork import at_fork_in_child, bury
+from logsdk._fork import at_fork_in_child
 from logsdk._resolver import resolver_ready
 from logsdk.errors import LogSDKError, SpoolLockedError
 from logsdk.producer import _client
-from logsdk.producer._core import State
-from logsdk.producer._pump import _Pump
+from logsdk.producer._config import ProducerConfig
+from logsdk.producer._pump import Pump, State
+from logsdk.producer._tally import Tally
 from logsdk.shm._ring import inspect, segment_name
 from logsdk.spool._slots import orphans, slot_path, slot_shm_name, spooled_records
 
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("logsdk.producer")
 
 #: Every producer not yet closed, so a forked child can mark the ones it inherited.
-_LIVE: weakref.WeakSet[_Processes] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[LogProducer] = weakref.WeakSet()
 #: Producers closed when the process leaves, with the timeout each delivers within.
 _AT_EXIT: weakref.WeakKeyDictionary[LogProducer, float] = weakref.WeakKeyDictionary()
 #: The pid in which a Finalize callback is registered, per pool module (a Finalize only
@@ -116,109 +118,107 @@ def _rehook_after_bootstrap(name: str, _obj: _Rehook) -> None:
         _hook_pool_exit()
 
 
-class _Processes(_Pump):
-    """Fork, slots left by other processes, exit (a part of :class:`LogProducer`)."""
+def close_at_exit(producer: LogProducer, timeout: float) -> None:
+    """Close ``producer`` (delivering for at most ``timeout`` seconds) when the process
+    leaves: at interpreter exit, and at the end of a process that multiprocessing or
+    billiard (Celery's pool) started. Hooked again in a forked child at its first use."""
+    global _atexit_hooked
+    _AT_EXIT[producer] = timeout
+    if not _atexit_hooked:
+        _atexit_hooked = True
+        atexit.register(_close_all_at_exit)
+    _hook_pool_exit()
 
-    def _init_processes(self) -> None:
-        self._stale = False
-        self._restart_lock = threading.Lock()
-        self._drains = []
-        self._drains_lock = threading.Lock()
 
-    def _forked(self) -> None:
-        """In a child just forked (one thread runs): all this producer runs on is the
-        parent's. Buried now, so that dropping the producer can never free them; its first
-        use in the child starts afresh (``_restart_in_child``). Its clients, current and
-        retired, are kept by :mod:`logsdk._fork` with every other client alive at the fork."""
-        for obj in (self._spool, self._shm):
-            bury(obj)
-        for d in self._drains:
-            bury(d)
-        self._stale = True
-        self._cold = True
-        # The parent's locks may have been held by one of its threads at the fork.
-        self._restart_lock = threading.Lock()
-        self._drains_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
-        self._closed = threading.Event()
-
-    def _restart_in_child(self) -> None:
-        """First use in a forked child: start as a new producer on the same configuration,
-        with a slot of its own (producer id, seqs, spool, shm ring), a client and threads.
-        The parent's records stay the parent's: the child sends none of them."""
-        with self._restart_lock:
-            if not self._stale:
-                return
-            self._drains = []
-            self._close_deadline = None
-            self._start()
-            self._stale = False
-            if self in _AT_EXIT:
-                _hook_pool_exit()
-        log.info(
-            "logsdk producer started afresh in forked process %d: slot %d, producer id %s",
-            os.getpid(),
-            self._slot,
-            self.producer_id,
-        )
-
-    def _close_stale(self) -> bool:
-        """close() in a forked child that never used this producer: nothing of this
-        process to deliver, and what it inherited is the parent's. True if it did that."""
-        with self._restart_lock:
-            if not self._stale:
-                return False
-            self._stale = False
-            self._closing = True
-            self._drains = []
-            self._state = State.CLOSED
-            _LIVE.discard(self)
-            self._closed.set()
-            return True
-
-    def _close_at_exit(self, timeout: float) -> None:
-        """Close this producer (delivering for at most ``timeout`` seconds) when the process
-        leaves: at interpreter exit, and at the end of a process that multiprocessing or
-        billiard (Celery's pool) started. Hooked again in a forked child at its first use."""
-        global _atexit_hooked
-        _AT_EXIT[cast("LogProducer", self)] = timeout
-        if not _atexit_hooked:
-            _atexit_hooked = True
-            atexit.register(_close_all_at_exit)
+def rehook_at_exit(producer: LogProducer) -> None:
+    """A forked child's first use of ``producer``: its exit hooks, if it has any."""
+    if producer in _AT_EXIT:
         _hook_pool_exit()
 
-    def _scan_slots(self, closing_by: float | None = None) -> None:
+
+class Drains:
+    """The producers delivering what free slots of ``spool_dir`` hold (see the module
+    docstring), for one producer.
+
+    Owner: ``_lock``, taken by whoever scans or closes them (the health thread, flush(),
+    close()); ``drains`` is replaced, never changed in place, so any thread may read it.
+    """
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        slot: int,
+        pump: Pump,
+        answered: Callable[[], bool],
+        errors: Tally,
+        stop: threading.Event,
+        enabled: bool = True,
+    ) -> None:
+        self._config = config
+        self._slot = slot
+        self._pump = pump
+        self._answered = answered
+        self._errors = errors
+        self._stop = stop
+        self._enabled = enabled  # a drain drains no other slot
+        self._lock = threading.Lock()
+        #: The drains under way (published: replaced whole).
+        self.drains: list[LogProducer] = []
+
+    def scan(self, closing_by: float | None = None) -> None:
         """Close the drains that are done; start one for each free slot with records.
 
         A drain started here lives on (it delivers once Kafka answers), except one started
         by close() (``closing_by``: its deadline), which is closed by then: close() starts
         them only where Kafka answers, so that a close() with Kafka down does not open
         and close every free slot again (each a spool, a client and threads) for nothing."""
-        with self._drains_lock:
-            self._collect_drains()
+        if not self._enabled:
+            return
+        with self._lock:
+            self._collect()
             if not resolver_ready():
                 return  # a drain could not deliver from this process; a later producer will
             found = self._orphans_with_records()
             if found and (closing_by is None or self._kafka_answers(closing_by)):
-                self._drain_orphans(found)
+                self._start(found)
+
+    def undelivered(self) -> int:
+        """Records the drains have not delivered yet (any thread)."""
+        return sum(d._undelivered() for d in self.drains)
+
+    def hurry(self, delta: int) -> None:
+        """flush()/close() wait: the drains' health threads probe without backoff."""
+        for d in self.drains:
+            d._hurry(delta)
+
+    def close_all(self, deadline: float) -> None:
+        """close(): close every drain by ``deadline``."""
+        with self._lock:
+            for d in self.drains:
+                d.close(max(0.0, deadline - time.monotonic()))
+
+    def forget(self) -> list[LogProducer]:
+        """A forked child: the drains are the parent's. Returns them (to be buried)."""
+        drains, self.drains = self.drains, []
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+        return drains
 
     def _kafka_answers(self, deadline: float) -> bool:
         """True when Kafka answered this producer since its last degrade (an acknowledgement,
         a good probe), or a probe made now, within ``deadline``, says it answers (none with
         less than 0.2 s left). False while DEGRADED: Kafka is known to be down."""
-        if self._state is State.DEGRADED:
+        if self._pump.state is State.DEGRADED:
             return False
-        if self._answered:
+        if self._answered():
             return True
-        timeout = min(self.config.probe_timeout_s, deadline - time.monotonic())
+        timeout = min(self._config.probe_timeout_s, deadline - time.monotonic())
         if timeout < 0.2:
             return False
-        return _client.probe(self.config.probe_config(), self._topic, timeout, self._stop)
+        return _client.probe(self._config.probe_config(), self._config.topic, timeout, self._stop)
 
     def _orphans_with_records(self) -> list[tuple[int, Path]]:
         """The free slots of ``spool_dir`` (other than this producer's) that hold records."""
-        cfg = self.config
+        cfg = self._config
         out = []
         for index in orphans(cfg.spool_dir, self._slot):
             path = slot_path(cfg.spool_dir, index)
@@ -226,18 +226,18 @@ class _Processes(_Pump):
                 out.append((index, path))
         return out
 
-    def _drain_orphans(self, found: list[tuple[int, Path]]) -> None:
+    def _start(self, found: list[tuple[int, Path]]) -> None:
         """Deliver what the free slots ``found`` hold (their producers died, were recycled,
         or closed before Kafka took everything). Each such slot is drained by a producer of
         its own on that slot, under the slot's producer id and seqs; this producer's
         flush() and close() wait for them, and it closes them once they are done
-        (``_collect_drains``). Caller holds ``_drains_lock``."""
-        from logsdk.producer._producer import _SlotDrain
+        (``_collect``). Caller holds ``_lock``."""
+        from logsdk.producer._producer import LogProducer
 
-        cfg = self.config
+        cfg = self._config
         for index, path in found:
             try:
-                drain = _SlotDrain(cfg, index, path)
+                drain = LogProducer._for_slot(cfg, index, path)
             except SpoolLockedError:
                 continue  # another process took the slot meanwhile
             except LogSDKError as exc:
@@ -247,25 +247,25 @@ class _Processes(_Pump):
             log.info(
                 "spool slot %s: %d record(s) left by another process; delivering them",
                 path,
-                drain._not_in_kafka(),
+                drain._undelivered(),
             )
-            self._drains = [*self._drains, drain]
+            self.drains = [*self.drains, drain]
 
     def _holds_records(self, index: int, path: Path) -> bool:
         if spooled_records(path) > 0:
             return True
-        if self.config.buffer != "shm":
+        if self._config.buffer != "shm":
             return False
         try:
-            seg = segment_name(slot_shm_name(self.config.shm_name, index), path)
+            seg = segment_name(slot_shm_name(self._config.shm_name, index), path)
             return inspect(seg).pending > 0
         except LogSDKError:
             return False  # no segment (or not readable): nothing to resend from it
 
-    def _collect_drains(self) -> None:
+    def _collect(self) -> None:
         """Close the drains that delivered everything."""
-        done = [d for d in self._drains if d._not_in_kafka() == 0]
+        done = [d for d in self.drains if d._undelivered() == 0]
         if done:
-            self._drains = [d for d in self._drains if d not in done]
+            self.drains = [d for d in self.drains if d not in done]
             for d in done:
                 d.close(0)

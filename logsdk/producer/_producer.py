@@ -9,25 +9,27 @@ Invariants (the at-least-once contract):
 - records reach Kafka in send order per partition: once the backlog is in use,
   every newer record goes through it, and the spool drains before the backlog;
 - only the pump thread changes state, polls librdkafka (so delivery callbacks run
-  there) and touches the spool; ``send()`` only appends or produces under a lock.
+  there) and touches the spool; ``send()`` only takes a seq from memory and appends or
+  produces under the send lock: it never does disk I/O.
 
 This module is the facade: the public API (send, flush, flush_durable, close, stats) and
-the wiring. The rest of the producer is built in layers, each a class of its own module
-that owns a part of the state (declared in ``_core``) and states that part's invariants;
-each layer extends the one before it, and LogProducer the last:
+the wiring. A producer is composed of parts, each a class of its own module that owns
+its state and says in its docstring which thread may call what:
 
-- ``_core``: the shared state, declared by owner, and ``State``;
-- ``_identity``: the producer id and seq reservation;
-- ``_inflight``: the client, the in-flight table (tickets), delivery reports;
-- ``_custody``: the records not yet in Kafka (backlog, spool commits, overflow, disk alarm);
-- ``_replay``: the spool sent back to Kafka, paced, with its watermark;
-- ``_pump``: the pump thread and the state machine, as one table;
-- ``_process``: fork, the slots of spool_dir, exit;
-- ``_health``: probes with backoff, the stall detector.
+- ``_gate.Gate``: the send path's state, under the send lock (seqs, backlog, counters);
+- ``_identity.SeqReserver``: seq blocks reserved on disk ahead of need (pump);
+- ``_inflight.InFlight``: the client, the in-flight table (tickets), delivery reports;
+- ``_custody.Custody``: what is not yet in Kafka (failed records, spool commits, overflow);
+- ``_alarm.DiskAlarm``: a spool that fails (retries, rebuild of a damaged file);
+- ``_replay.Replayer``: the spool sent back to Kafka, paced, with its watermark;
+- ``_pump.Pump``: the pump thread and the state machine, as one table;
+- ``_health.Health``: probes with backoff, the stall detector;
+- ``_process.Drains``: the free slots of ``spool_dir`` other processes left; fork, exit;
+- ``_tally.Tally``: counts several threads add to (errors, dropped, rejected).
 
 ``_records`` says what a record is in memory and what send() accepts; ``_client`` builds
-clients, classifies librdkafka's errors and runs probes. A record's path through them:
-docs/engineering/design.md.
+clients, classifies librdkafka's errors and runs probes. Who owns what, and a record's
+path through the parts: docs/engineering/design.md.
 """
 
 from __future__ import annotations
@@ -37,13 +39,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
+from logsdk._fork import bury
+from logsdk._owner import Owner
 from logsdk._resolver import resolver_ready
 from logsdk.errors import (
     ConfigError,
@@ -53,10 +57,15 @@ from logsdk.errors import (
     SerializationError,
 )
 from logsdk.producer import _client
+from logsdk.producer._alarm import DiskAlarm
 from logsdk.producer._config import ProducerConfig, WhenFull, check_topic
-from logsdk.producer._core import ErrorCounts, State
-from logsdk.producer._health import _Health
-from logsdk.producer._process import _LIVE
+from logsdk.producer._custody import Custody
+from logsdk.producer._health import Health
+from logsdk.producer._hooks import ProducerHooks
+from logsdk.producer._identity import SeqReserver, wait_for_seq
+from logsdk.producer._inflight import Handback, InFlight
+from logsdk.producer._process import _LIVE, Drains, close_at_exit, rehook_at_exit
+from logsdk.producer._pump import Pump, PumpParts, Requests, State
 from logsdk.producer._records import (
     HEADER_PRODUCER,
     HEADER_SEQ,
@@ -65,7 +74,9 @@ from logsdk.producer._records import (
     _to_bytes,
     _user_headers,
 )
-from logsdk.shm._ring import open_for_producer
+from logsdk.producer._replay import Replayer
+from logsdk.producer._tally import Tally
+from logsdk.shm._ring import ShmRing, open_for_producer
 from logsdk.spool._slots import open_slot, slot_shm_name
 from logsdk.spool._spool import Spool
 
@@ -76,7 +87,7 @@ log = logging.getLogger("logsdk.producer")
 _TS_LIMIT = 1 << 63  # Kafka timestamps are int64 milliseconds
 
 
-class LogProducer(_Health):
+class LogProducer:
     """Send log records to Kafka without losing them when Kafka or the network fails.
 
     ``send()`` never blocks on Kafka: records go to librdkafka while the cluster is
@@ -151,90 +162,123 @@ class LogProducer(_Health):
             shm_name=shm_name,
             shm_bytes=shm_bytes,
         )
-        self._topic = topic
-        self._topics_ok = {topic}
-        self._init_processes()
+        self._setup(None)
+
+    @classmethod
+    def _for_slot(cls, config: ProducerConfig, index: int, path: Path) -> LogProducer:
+        """A producer that delivers what the free slot ``index`` (at ``path``) holds, under
+        the slot's own producer id and seqs (and the shm ring its dead owner left). It
+        sends nothing of its own, drains no other slot, and is closed by the producer that
+        made it (:class:`~logsdk.producer._process.Drains`)."""
+        drain = cls.__new__(cls)
+        drain.config = dataclasses.replace(config)
+        drain._setup((index, path))
+        return drain
+
+    def _setup(self, drain_at: tuple[int, Path] | None) -> None:
+        cfg = self.config
+        self._drain_at = drain_at
+        self._topic = cfg.topic
+        self._topics_ok = {cfg.topic}
+        self._max_bytes = cfg.message_max_bytes
+        self._stale = False
+        self._restart_lock = threading.Lock()
+        self._closed = threading.Event()  # close() has finished (the first call)
         # A kafka_config librdkafka refuses fails here, before the spool is opened, not in
         # the pump once a client is needed (a spool with leftovers makes that one later).
-        _client.check_config(self.config.librdkafka())
+        _client.check_config(cfg.librdkafka())
         self._start()
         _LIVE.add(self)
 
     def _start(self) -> None:
-        """Open a slot of spool_dir, a client and the threads: everything a producer runs
-        on (the constructor, and a forked child's first use of the producer)."""
+        """Open a slot of spool_dir, build the parts, start the threads: everything a
+        producer runs on (the constructor, and a forked child's first use of it)."""
         cfg = self.config
         self._slot, self._spool = self._open_spool()
+        self._shm: ShmRing | None = None
         try:
-            self._start_on_spool(cfg)
+            self._build(cfg)
         except BaseException:
             # Nothing of it may stay held: a corrected retry in this process must work.
-            if getattr(self, "_shm", None) is not None:
-                self._shm.close(unlink=False)  # type: ignore[union-attr]
+            if self._shm is not None:
+                self._shm.close(unlink=False)
             self._spool.owner.take()  # the pump, if it was made, never ran
             self._spool.close()
             raise
 
-    def _start_on_spool(self, cfg: ProducerConfig) -> None:
-        self._init_identity()
-        self._max_bytes = cfg.message_max_bytes
-        self._init_inflight()
-        self._init_replay()
+    def _build(self, cfg: ProducerConfig) -> None:
+        spool = self._spool
+        self._errors = errors = Tally()
+        self._counts = counts = Tally()  # dropped, rejected
+        self.producer_id = spool.producer_id
+        self._pid_header = (HEADER_PRODUCER, self.producer_id.encode())
+        self._seqs = seqs = SeqReserver(spool, errors)
+        self._gate = gate = seqs.gate()
         # buffer="shm": every accepted record is also in a shared-memory ring until it is
         # acknowledged or spooled; what a dead owner left there goes to the spool first.
-        self._shm = None
         if cfg.buffer == "shm":
             self._shm = open_for_producer(
-                self._spool, slot_shm_name(cfg.shm_name, self._slot), cfg.shm_bytes
+                spool, slot_shm_name(cfg.shm_name, self._slot), cfg.shm_bytes
             )
-        self._recovered_at_start = self._spool.count
-
-        # -- guarded by _lock (send path and state flips) --
-        self._lock = threading.Lock()
-        self._direct = False  # True: send() may hand records straight to librdkafka
-        self._n_sent = 0
-        self._n_dropped = 0
-        self._n_rejected = 0
-        self._closing = False
-        self._space = threading.Condition(self._lock)  # send() waiting for room
-
-        self._errors = ErrorCounts()
-        self._closed = threading.Event()  # close() has finished (the first call)
+        ring = self._shm
+        self._recovered_at_start = spool.count
+        requests = Requests()
+        self._wake = requests.wake
+        self._stop = stop = threading.Event()
         self._done = threading.Condition()  # notified after every pump step
-        self._init_custody()
-        self._init_pump()
-        self._init_health()
-
-        self._pump = threading.Thread(target=self._pump_loop, name="logsdk-pump", daemon=True)
-        self._health = threading.Thread(target=self._health_loop, name="logsdk-health", daemon=True)
+        pump_owner = Owner(f"the pump state of producer {self.producer_id}")
+        self._alarm = alarm = DiskAlarm(spool, errors, pump_owner)
+        self._custody = custody = Custody(
+            cfg, gate, spool, ring, alarm, errors, counts, requests.wake, pump_owner
+        )
+        handback = Handback(custody.take_back, custody.reject, requests.degrade)
+        self._flight = flight = InFlight(cfg, errors, counts, handback, ring, stop)
+        self._replay = replay = Replayer(
+            cfg, spool, flight, alarm, errors, counts, requests.degrade, self._pid_header,
+            pump_owner,
+        )  # fmt: skip
+        parts = PumpParts(
+            spool, ring, seqs, flight, custody, replay, alarm, errors, counts, self._pid_header
+        )
+        self._pump = pump = Pump(cfg, gate, requests, stop, self._done, pump_owner, parts)
+        self._drains = Drains(
+            cfg,
+            self._slot,
+            pump,
+            lambda: flight.answered,
+            errors,
+            stop,
+            enabled=self._drain_at is None,
+        )
+        self._health = Health(
+            cfg, pump, flight, replay, errors, stop, self._drains.scan, lambda: gate.closing
+        )
         if self._recovered_at_start:
             log.info(
                 "spool %s holds %d record(s) from an earlier run; they are replayed first",
-                self._spool.directory,
+                spool.directory,
                 self._recovered_at_start,
             )
             # No outage has been seen, so no probes to wait for (an empty spool starts
             # ONLINE at once too): the pump starts replaying now; a failure degrades.
-            self._state = State.DEGRADED
-            self._want_recover = self._epoch
+            pump.state = State.DEGRADED
+            requests.recover(pump.epoch)
         elif not resolver_ready():
             # No client can connect from this process (logsdk._resolver): records go to
             # the spool, and the health thread waits for the resolver, not for Kafka.
-            self._state = State.DEGRADED
+            pump.state = State.DEGRADED
         else:
             # Nothing to replay: start ONLINE and let the first failure degrade. The client
             # is made by the first send() (``_warm_up``), which then goes direct: a process
             # that forks before it logs (gunicorn --preload's master) has no librdkafka
             # thread resolving a name at the fork (see logsdk._resolver).
-            self._state = State.ONLINE
+            pump.state = State.ONLINE
         self._cold = True
-        self._scan_slots()
-        # From here on the spool (its connection, its files) is the pump's alone; close()
-        # takes it back once the pump has ended.
-        self._spool.owner.hand_to(self._pump)
-        self._pump_owner.hand_to(self._pump)
-        self._pump.start()
-        self._health.start()
+        self._drains.scan()
+        # From here on the spool (its connection, its files) and the pump's state are the
+        # pump's alone; close() takes them back once the pump has ended.
+        pump.start()
+        self._health.thread.start()
 
     def _warm_up(self) -> None:
         """Before the first record: start afresh in a forked child, and make the client of
@@ -244,24 +288,30 @@ class LogProducer(_Health):
         with self._restart_lock:
             if not self._cold:
                 return
-            if self._client is None and self._state is State.ONLINE and not self._closing:
-                client = self._new_client()
-                with self._lock:
-                    # The pump may have degraded meanwhile (it flips the state under _lock,
-                    # then owns _client until it recovers with a client of its own): then
-                    # this one is not needed, and holds nothing.
-                    mine = self._state is State.ONLINE and self._client is None
+            gate, flight, pump = self._gate, self._flight, self._pump
+            if flight.client is None and pump.state is State.ONLINE and not gate.closing:
+                client = flight.new_client()
+                with gate.lock:
+                    # The pump may have degraded meanwhile (it flips the state under the
+                    # send lock, then owns the client until it recovers with one of its
+                    # own): then this one is not needed, and holds nothing.
+                    mine = pump.state is State.ONLINE and flight.client is None
                     if mine:
-                        self._client = client
-                        if not self._backlog:
-                            self._direct = True
+                        flight.install(client)
+                        if not gate.backlog:
+                            gate.direct = True
                 if not mine:
                     del client
             self._cold = False
 
     def _open_spool(self) -> tuple[int, Spool]:
-        """Take the lowest free slot of ``spool_dir`` (see :mod:`logsdk.spool._slots`)."""
+        """Take the lowest free slot of ``spool_dir`` (see :mod:`logsdk.spool._slots`), or
+        the slot this producer drains."""
         cfg = self.config
+        if self._drain_at is not None:
+            index, path = self._drain_at
+            spool = Spool(path, synchronous=cfg.spool_synchronous, max_bytes=cfg.spool_max_bytes)
+            return index, spool.open()
         return open_slot(
             cfg.spool_dir, synchronous=cfg.spool_synchronous, max_bytes=cfg.spool_max_bytes
         )
@@ -304,22 +354,22 @@ class LogProducer(_Health):
             )
         size = (0 if v is None else len(v)) + (0 if k is None else len(k))
         if size > self._max_bytes:
-            with self._lock:
-                self._n_rejected += 1
-                self._errors.add("record_too_large")
+            self._counts.add("rejected")
+            self._errors.add("record_too_large")
             raise RecordTooLargeError(
                 f"record of {size} bytes exceeds message_max_bytes={self._max_bytes}"
             )
-        with self._lock:
-            if self._closing:
+        gate = self._gate
+        with gate.lock:
+            if gate.closing:
                 raise ProducerClosedError("the producer is closed; it accepts no more records")
-            seq = self._seq_next
-            if seq >= self._seq_limit:  # never while the pump keeps up (see _identity)
-                seq = self._wait_for_seq()
+            seq = gate.seq_next
+            if seq >= gate.seq_limit:  # never while the pump keeps up (see _identity)
+                seq = wait_for_seq(gate, self._wake, self.config.max_block_s, self._alarm_reason)
             # Taken now: a wait below (ring or buffer full) releases the lock, so another
             # sender must not get the same seq. A refused record gives it back when no
             # one took a later one meanwhile (else it leaves a gap, never a reuse).
-            self._seq_next = seq + 1
+            gate.seq_next = seq + 1
             try:
                 if timestamp is None:
                     # Fixed now, so a record spooled and replayed keeps its creation time.
@@ -330,26 +380,25 @@ class LogProducer(_Health):
                 if (
                     shm is not None
                     and not shm.put_fields(topic, k, v, h, timestamp, seq)
-                    and self._shm_full(rec) is None
+                    and self._custody.shm_full(rec) is None
                 ):
                     return
-                if self._direct:
-                    # _produce_rec() inlined: this is the hot path.
+                if gate.direct:
+                    # InFlight.produce() inlined: this is the hot path.
                     hdrs: KHeaders = [self._pid_header, (HEADER_SEQ, b"%d" % seq)]
                     if h:
                         hdrs = [*h, *hdrs]
-                    # In the table and counted first: the pump may serve its ack before
-                    # produce() returns here, and flush() must never see one record less
-                    # outstanding.
-                    free = self._free
-                    ticket = free.pop() if free else self._new_ticket()
-                    self._slots[ticket] = rec
-                    self._n_produced += 1
+                    # In the table first: the pump may serve its ack before produce()
+                    # returns here, and flush() must never see one record less outstanding.
+                    flight = self._flight
+                    free = flight.free
+                    ticket = free.pop() if free else flight.new_ticket()
+                    flight.slots[ticket] = rec
                     try:
                         # Positional: produce()'s keyword parsing costs 0.3 µs a call.
                         # (topic, value, key, partition, on_delivery, callback, timestamp,
                         # headers); the ticket is the callback.
-                        self._client.produce(  # type: ignore[union-attr]
+                        flight.client.produce(  # type: ignore[union-attr]
                             topic,
                             v,
                             k,
@@ -360,22 +409,21 @@ class LogProducer(_Health):
                             hdrs,
                         )
                     except (BufferError, KafkaException, ValueError, TypeError) as exc:
-                        self._n_produced -= 1
-                        self._give_back(ticket)
+                        flight.give_back(ticket)
                         self._direct_refused(rec, exc)
                     else:
-                        self._n_sent += 1
+                        gate.sent += 1
                         return
-                backlog = self._backlog
-                if len(backlog) < self._backlog_max and not self._spool_full:
-                    backlog.append(rec)  # _enqueue() when there is room, inlined
+                backlog = gate.backlog
+                if len(backlog) < self._custody.backlog_max and not self._custody.spool_full:
+                    backlog.append(rec)  # enqueue_full() is for a full backlog or spool
                 else:
                     try:
-                        self._enqueue(rec)
+                        self._custody.enqueue_full(rec)
                     except BaseException:
-                        self._release(rec)  # refused: not in custody
+                        self._custody.release(rec)  # refused: not in custody
                         raise
-                self._n_sent += 1
+                gate.sent += 1
             except BaseException as exc:
                 # Only a refusal of ours (a LogSDKError, raised before the record reached
                 # the client or the buffer) gives its seq back. Any other exception, such as
@@ -391,37 +439,41 @@ class LogProducer(_Health):
                         # and the ring owes it nothing; if it reached the client its report
                         # settles the seq again, which is harmless (the seq is not reused).
                         self._shm.settle(seq)
-                elif self._seq_next == seq + 1:
+                elif gate.seq_next == seq + 1:
                     if self._shm is not None:
                         # A refused record's frame was settled by seq: flag it now, while
                         # the seq still names that frame and not the next record's (also
                         # when the pump's drain has already taken it from the list).
                         self._shm.drain_all()
-                    self._seq_next = seq
+                    gate.seq_next = seq
                 raise
         wake = self._wake
         if not wake.is_set():  # set() takes a lock each time; the pump clears before a step
             wake.set()
 
+    def _alarm_reason(self) -> str | None:
+        return self._alarm.reason
+
     def _direct_refused(
         self, rec: Rec, exc: BufferError | KafkaException | ValueError | TypeError
     ) -> None:
-        """send()'s produce raised (caller holds _lock): queue the record behind the client
-        (full, or broken: a degrade is requested), or raise when Kafka refuses the record."""
+        """send()'s produce raised (caller holds the send lock): queue the record behind
+        the client (full, or broken: a degrade is requested), or raise when Kafka refuses
+        the record."""
         if isinstance(exc, (ValueError, TypeError)):  # the client refused its fields
-            self._n_rejected += 1
+            self._counts.add("rejected")
             self._errors.add("record_rejected")
-            self._release(rec)  # refused: not in custody
+            self._custody.release(rec)  # refused: not in custody
             raise SerializationError(f"librdkafka refused the record: {exc}") from exc
         if isinstance(exc, KafkaException):
             if _client.is_record_exception(exc):  # the record itself: not accepted
-                self._n_rejected += 1
+                self._counts.add("rejected")
                 self._errors.add("record_rejected")
-                self._release(rec)  # refused: not in custody
+                self._custody.release(rec)  # refused: not in custody
                 raise RecordTooLargeError(f"librdkafka refused the record: {exc}") from exc
             self._errors.add("produce_error")
-            self._request_degrade(f"produce failed: {exc}")
-        self._direct = False  # full, or the client is broken: queue behind it
+            self._pump.requests.degrade(f"produce failed: {exc}")
+        self._gate.direct = False  # full, or the client is broken: queue behind it
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every record accepted so far is acknowledged by Kafka, the spooled
@@ -439,7 +491,7 @@ class LogProducer(_Health):
         if self._stale:
             return 0  # a forked child that has sent nothing: the parent's records are its own
         deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
-        self._scan_slots()
+        self._drains.scan()
         return self._wait_until_delivered(deadline)
 
     def flush_durable(self, timeout: float | None = None) -> int:
@@ -457,29 +509,46 @@ class LogProducer(_Health):
         with self._done:
             while True:
                 left = self._unsettled()
-                if left == 0 or time.monotonic() >= deadline or not self._pump.is_alive():
+                if left == 0 or time.monotonic() >= deadline or not self._pump.thread.is_alive():
                     return left
-                if self._state is State.DEGRADED and self._spool_full:
+                if self._pump.state is State.DEGRADED and self._custody.spool_full:
                     return left  # nowhere to put them until Kafka or spool space returns
                 self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _unsettled(self) -> int:
+        """Records neither acknowledged nor committed to the spool (nor dropped/rejected)."""
+        return self._custody.unsettled() + self._flight.outstanding()
+
+    def _undelivered(self) -> int:
+        """Records accepted and not yet acknowledged by Kafka: in memory or in the spool,
+        and in the free slots this producer drains (not counting the rejected and the
+        dropped). Any thread."""
+        return self._unsettled() + self._spool.count + self._drains.undelivered()
+
+    def _hurry(self, delta: int) -> None:
+        self._health.hurry(delta)
 
     def _wait_until_delivered(self, deadline: float) -> int:
         """flush() and close(): wait until nothing is left to deliver, or the deadline."""
         self._wake.set()
-        drains = self._drains
-        for p in (self, *drains):
+        hurried = [self, *self._drains.drains]
+        for p in hurried:
             p._hurry(+1)  # their health threads probe without backoff meanwhile
         try:
             with self._done:
                 while True:
-                    left = self._not_in_kafka()
-                    if left == 0 or time.monotonic() >= deadline or not self._pump.is_alive():
+                    left = self._undelivered()
+                    if (
+                        left == 0
+                        or time.monotonic() >= deadline
+                        or not self._pump.thread.is_alive()
+                    ):
                         return left
-                    if self._client is None and not resolver_ready():
+                    if self._flight.client is None and not resolver_ready():
                         return left  # no client can connect from this process: in the spool
                     self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         finally:
-            for p in (self, *drains):
+            for p in hurried:
                 p._hurry(-1)
 
     def close(self, timeout: float | None = 30.0) -> None:
@@ -503,37 +572,37 @@ class LogProducer(_Health):
         deadline = time.monotonic() + budget
         if self._stale and self._close_stale():
             return
-        with self._lock:
-            first = not self._closing
-            self._closing = True
-            self._space.notify_all()
+        gate = self._gate
+        with gate.lock:
+            first = not gate.closing
+            gate.closing = True
+            gate.space.notify_all()
         if not first:
             self._closed.wait(budget + 60.0)
             return
         try:
-            self._close_deadline = deadline
+            self._health.close_deadline = deadline
             # Slots other processes left (a pool's children that closed before Kafka took
             # everything) are delivered too, within the same timeout, if Kafka answers.
-            self._scan_slots(closing_by=deadline)
+            self._drains.scan(closing_by=deadline)
             self._wait_until_delivered(deadline)
             self._stop.set()
             self._wake.set()
-            self._health_wake.set()
-            # A probe under way ends within its timeout (``_probe_timeout``: probe_timeout_s,
-            # or what close() has left); one that does not (its client's threads wedged by
-            # a lock held at a fork) is left behind.
+            self._health.wake.set()
+            # A probe under way ends within 0.1 s of the stop; one that does not (its
+            # client's threads wedged by a lock held at a fork) is left behind.
             left = max(0.0, deadline - time.monotonic())
-            self._health.join(max(left, self.config.probe_timeout_s) + 1.0)
-            if self._health.is_alive():
+            health = self._health.thread
+            health.join(max(left, self.config.probe_timeout_s) + 1.0)
+            if health.is_alive():
                 log.warning(
                     "close(): a health probe of this producer did not end by the deadline; "
                     "closing without it"
                 )
-            with self._drains_lock:
-                for d in self._drains:
-                    d.close(max(0.0, deadline - time.monotonic()))
-            self._pump.join(max(30.0, budget + 30.0))
-            if self._pump.is_alive():
+            self._drains.close_all(deadline)
+            pump = self._pump.thread
+            pump.join(max(30.0, budget + 30.0))
+            if pump.is_alive():
                 # Its spool and records are still its own: nothing here may touch them.
                 self._errors.add("pump_stuck")
                 log.error(
@@ -542,8 +611,7 @@ class LogProducer(_Health):
                     max(30.0, budget + 30.0),
                 )
             else:
-                self._spool.owner.take()
-                self._pump_owner.take()
+                self._pump.take_back()
                 self._shutdown(budget)
         finally:
             _LIVE.discard(self)
@@ -551,56 +619,41 @@ class LogProducer(_Health):
 
     def _shutdown(self, budget: float) -> None:
         """After the threads stopped: everything unacknowledged goes to the spool."""
-        with self._lock:
-            self._direct = False
-        self._retire_client()
-        for z, _ in self._zombies:
-            z.flush(5)
-            self._polled()
-        self._disk_retry_at = 0.0  # last chance: try the disk now, whatever the alarm
-        self._settle_spool()
-        while self._failed or self._backlog:
-            before = len(self._failed) + len(self._backlog)
-            self._disk_retry_at = 0.0
-            self._spool_pending()
-            if len(self._failed) + len(self._backlog) >= before:
-                break
-        lost = len(self._failed) + len(self._backlog) + len(self._rejects)
+        lost = self._pump.final_drain()
         if lost:
             log.error(
                 "close(): %d record(s) could not be written to the spool (%s) and are lost",
                 lost,
-                self._alarm or "spool full",
+                self._alarm.reason or "spool full",
             )
             self._errors.add("lost_on_close", lost)
         left = self._spool.count
         if left:
-            self._report_left(left, budget)
-        self._state = State.CLOSED
-        self._flush_logs()
+            if self._drain_at is None:
+                log.warning(
+                    "close(): %d record(s) not delivered to Kafka within %gs are kept in the "
+                    "spool %s; the next producer opened on that spool_dir delivers them",
+                    left,
+                    budget,
+                    self._spool.directory,
+                )
+            else:
+                # Said once already, by the producer that left these records (its own
+                # close()); every process that tries to deliver them would say it again.
+                log.debug(
+                    "drain of %s closed; %d record(s) stay there", self._spool.directory, left
+                )
+        self._pump.mark_closed()
+        self._pump.flush_logs()
         if self._shm is not None:
             # Clean close: every record is acknowledged or spooled, so the segment goes.
             # Otherwise it stays, and the next producer on it resends what it holds.
             self._shm.close(unlink=self._shm.pending == 0)
         self._spool.close()
-        # The ticket classes name this producer, a reference cycle: without it, a closed
-        # producer and its in-flight table (one ticket per record in flight at the peak)
-        # are freed as soon as the application drops it, not at the cyclic collector's
-        # next full pass. Nothing serves a report once the threads have stopped. (The
-        # class that holds the name may be a base: chaos tracing subclasses them.)
-        for cls in (*self._ticket.__mro__, *self._replay_ack.__mro__):
-            if vars(cls).get("_producer") is self:
-                delattr(cls, "_producer")
-
-    def _report_left(self, left: int, budget: float) -> None:
-        """close(): say once that ``left`` records stay in this producer's spool."""
-        log.warning(
-            "close(): %d record(s) not delivered to Kafka within %gs are kept in the "
-            "spool %s; the next producer opened on that spool_dir delivers them",
-            left,
-            budget,
-            self._spool.directory,
-        )
+        # Nothing serves a report once the threads have stopped: the callback classes
+        # name their part (a cycle), let go so the closed producer is freed at once.
+        self._flight.forget()
+        self._replay.forget()
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges: state, sent, acked, spooled, replayed, dropped, buffered, errors.
@@ -622,46 +675,39 @@ class LogProducer(_Health):
         """
         if self._stale:  # first use in a forked child
             self._restart_in_child()
-        with self._lock:
-            backlog = len(self._backlog) + self._in_transit + len(self._failed)
-            sent, dropped, rejected = self._n_sent, self._n_dropped, self._n_rejected
-            produced = self._n_produced
-        outstanding = produced - self._n_acked - self._n_failed
+        gate, flight, replay, pump, counts = (
+            self._gate, self._flight, self._replay, self._pump, self._counts
+        )  # fmt: skip
+        with gate.lock:
+            sent, seq_next, seq_waits = gate.sent, gate.seq_next, gate.seq_waits
+        outstanding = flight.outstanding()
         out: dict[str, Any] = {
-            "state": self._state.value,
+            "state": pump.state.value,
             "producer_id": self.producer_id,
-            "next_seq": self._seq_next,
-            "seq_waits": self._n_seq_waits,
+            "next_seq": seq_next,
+            "seq_waits": seq_waits,
             "sent": sent,
-            "acked": self._n_acked + self._n_replayed,
-            "spooled": self._n_spooled,
-            "replayed": self._n_replayed,
-            "dropped": dropped,
-            "rejected": rejected,
-            "buffered": backlog + outstanding,
-            "in_flight": outstanding + len(self._replay_inflight),
+            "acked": flight.acked + replay.replayed,
+            "spooled": self._custody.spooled,
+            "replayed": replay.replayed,
+            "dropped": counts["dropped"],
+            "rejected": counts["rejected"],
+            "buffered": self._custody.in_memory() + outstanding,
+            "in_flight": outstanding + len(replay.inflight),
             "spool_records": self._spool.count,
             "spool_bytes": self._spool.bytes,
             "recovered_at_start": self._recovered_at_start,
-            "possible_duplicates": self._n_possible_dups,
-            "unconfirmed_acks": self._n_unconfirmed,
-            "transitions": self._transitions,
-            "degraded_s": round(
-                self._degraded_s
-                + (
-                    time.monotonic() - self._degraded_since
-                    if self._state is State.DEGRADED
-                    else 0.0
-                ),
-                3,
-            ),
-            "alarm": self._alarm,
-            "retired_clients": len(self._zombies),
+            "possible_duplicates": flight.possible_dups,
+            "unconfirmed_acks": flight.unconfirmed,
+            "transitions": pump.transitions,
+            "degraded_s": round(pump.degraded_s(), 3),
+            "alarm": self._alarm.reason,
+            "retired_clients": len(flight.zombies),
             "spool_corrupt_files": self._spool.corrupt_files_moved,
             "spool_unreadable": self._spool.unreadable_ids,
             "slot": self._slot,
-            "draining_slots": len(self._drains),
-            "undelivered": self._not_in_kafka(),
+            "draining_slots": len(self._drains.drains),
+            "undelivered": self._undelivered(),
             "errors": dict(self._errors),
         }
         if self._shm is not None:
@@ -671,7 +717,73 @@ class LogProducer(_Health):
     @property
     def state(self) -> State:
         """The current state."""
-        return self._state
+        return self._pump.state
+
+    # -- processes: fork, exit -----------------------------------------------------------
+
+    def _forked(self) -> None:
+        """In a child just forked (one thread runs): all this producer runs on is the
+        parent's. Buried now, so that dropping the producer can never free them; its first
+        use in the child starts afresh (``_restart_in_child``). Its clients, current and
+        retired, are kept by :mod:`logsdk._fork` with every other client alive at the
+        fork; the locks of its slot and ring are left to the parent (the child closes its
+        copies of their descriptors: logsdk.spool._spool, logsdk.shm._ring)."""
+        bury(self._spool)
+        bury(self._shm)
+        for d in self._drains.forget():
+            bury(d)
+        self._stale = True
+        self._cold = True
+        # The parent's locks may have been held by one of its threads at the fork (every
+        # part is built again by the first use: only these two are used before it).
+        self._restart_lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def _restart_in_child(self) -> None:
+        """First use in a forked child: start as a new producer on the same configuration,
+        with a slot of its own (producer id, seqs, spool, shm ring), a client and threads.
+        The parent's records stay the parent's: the child sends none of them."""
+        with self._restart_lock:
+            if not self._stale:
+                return
+            self._start()
+            self._stale = False
+            rehook_at_exit(self)
+        log.info(
+            "logsdk producer started afresh in forked process %d: slot %d, producer id %s",
+            os.getpid(),
+            self._slot,
+            self.producer_id,
+        )
+
+    def _close_stale(self) -> bool:
+        """close() in a forked child that never used this producer: nothing of this
+        process to deliver, and what it inherited is the parent's. True if it did that."""
+        with self._restart_lock:
+            if not self._stale:
+                return False
+            self._stale = False
+            self._pump.mark_closed()
+            _LIVE.discard(self)
+            self._closed.set()
+            return True
+
+    def _close_at_exit(self, timeout: float) -> None:
+        """Close this producer (delivering for at most ``timeout`` seconds) when the process
+        leaves (see :func:`logsdk.producer._process.close_at_exit`)."""
+        close_at_exit(self, timeout)
+
+    def _testing_hooks(self) -> ProducerHooks:
+        """The testing hooks into this producer (:func:`logsdk.testing.producer_hooks`)."""
+        return ProducerHooks(self)
+
+    def _trace_reports(self, tracer: Callable[[int, KafkaError | None, Message], None]) -> None:
+        """A testing hook (:func:`logsdk.testing.chaos.trace_deliveries`): ``tracer(seq,
+        err, msg)`` on the pump thread before each delivery report is served, fresh and
+        replayed (seq -1: a purged replay report, which has no headers). Install it right
+        after the producer is built."""
+        self._flight.trace(tracer)
+        self._replay.trace(tracer)
 
     def __enter__(self) -> LogProducer:
         return self
@@ -685,28 +797,4 @@ class LogProducer(_Health):
         self.close()
 
     def __repr__(self) -> str:
-        return f"LogProducer(topic={self._topic!r}, state={self._state.value}, {self.config!r})"
-
-
-class _SlotDrain(LogProducer):
-    """Delivers what a free slot of a spool_dir holds, under the slot's own producer id
-    and seqs (and the shm ring its dead owner left), then is closed by the producer that
-    started it. It sends nothing of its own and drains no other slot."""
-
-    def __init__(self, config: ProducerConfig, index: int, path: Path) -> None:
-        self._drain_at = (index, path)
-        super().__init__(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
-
-    def _open_spool(self) -> tuple[int, Spool]:
-        index, path = self._drain_at
-        cfg = self.config
-        spool = Spool(path, synchronous=cfg.spool_synchronous, max_bytes=cfg.spool_max_bytes)
-        return index, spool.open()
-
-    def _orphans_with_records(self) -> list[tuple[int, Path]]:
-        return []  # a drain delivers its own slot only
-
-    def _report_left(self, left: int, budget: float) -> None:
-        # Said once already, by the producer that left these records (its own close());
-        # every process that tries to deliver them would otherwise say it again.
-        log.debug("drain of %s closed; %d record(s) stay there", self._spool.directory, left)
+        return f"LogProducer(topic={self._topic!r}, state={self.state.value}, {self.config!r})"

@@ -2,39 +2,43 @@
 
 The states say where new records go: Kafka (ONLINE), the spool (DEGRADED), or behind the
 spool while it is replayed (RECOVERING). Only the pump thread moves the machine, and only
-through ``_transition``, which checks the move against this table and logs it once:
+through :meth:`Pump.transition`, which checks the move against this table and logs it once:
 
 ============  ==========  ============  =============================================
 from          event       to            what the pump does on the way
 ============  ==========  ============  =============================================
-ONLINE        FAILURE     DEGRADED      ``_degrade``: send() stops producing; the
+ONLINE        FAILURE     DEGRADED      ``degrade``: send() stops producing; the
                                         client is retired, every record it held comes
-                                        back (``_failed``) and goes to the spool
+                                        back (custody's ``failed``) and goes to the spool
 RECOVERING    FAILURE     DEGRADED      the same; the replay starts again from the
                                         spool's first row next time
-DEGRADED      RECOVER     RECOVERING    ``_start_recovery``: pending records spooled, a
+DEGRADED      RECOVER     RECOVERING    ``start_recovery``: pending records spooled, a
                                         new client, the replay begins
-RECOVERING    DRAINED     ONLINE        ``_recover_step``: the spool is empty; the
+RECOVERING    DRAINED     ONLINE        ``recover_step``: the spool is empty; the
                                         backlog is handed over in order, then send()
                                         produces directly again
 ============  ==========  ============  =============================================
 
-FAILURE comes from any thread as ``_request_degrade(reason)`` (a failed delivery,
+FAILURE comes from any thread as ``request_degrade(reason)`` (a failed delivery,
 produce, poll or probe, a stall, a full ring); RECOVER from the health thread once
-``recovery_probes`` probes in a row succeeded in the current outage (``_epoch``), or at
+``recovery_probes`` probes in a row succeeded in the current outage (``epoch``), or at
 start when the spool holds records of an earlier run; DRAINED from the pump itself. A
 producer starts ONLINE (empty spool) or DEGRADED with a recovery asked for; CLOSED is set
 by close() once the pump has stopped.
 
 Invariants owned here:
 - only the pump thread changes the state, polls the client (so delivery reports run
-  there) and touches the spool; other threads only ask (``_want_degrade``,
-  ``_want_recover``, ``_wake``);
-- a request for recovery from an earlier outage is ignored (``_epoch``);
+  there) and touches the spool; other threads only ask (``request_degrade``,
+  ``request_recover``, ``wake``);
+- a request for recovery from an earlier outage is ignored (``epoch``);
 - records reach Kafka in send order per partition: once the backlog is in use, every
-  newer record goes through it (``_direct`` is off), and the spool drains before it;
-- the pump never logs while it holds ``_lock`` (a logging framework's own lock may be held
-  by a thread waiting for ``_lock`` in send()): its lines wait in ``_deferred_logs``.
+  newer record goes through it (``Gate.direct`` is off), and the spool drains before it;
+- the pump never logs while it holds the send lock (a logging framework's own lock may be
+  held by a thread waiting for that lock in send()): its lines wait in ``_deferred``.
+
+Owner: the pump thread (``owner``, handed to it before it starts; close() takes it back
+once the thread has ended). ``state``, ``epoch``, ``last_idle`` are published; the
+requests are guarded by ``_request_lock`` (a leaf lock).
 """
 
 from __future__ import annotations
@@ -44,14 +48,35 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import KafkaException
 
 from logsdk._owner import Owner
 from logsdk._resolver import resolver_ready
 from logsdk.errors import SpoolError
-from logsdk.producer._core import State
-from logsdk.producer._replay import _Replay
+from logsdk.producer._alarm import DiskAlarm
+from logsdk.producer._config import ProducerConfig
+from logsdk.producer._custody import Custody
+from logsdk.producer._gate import Gate
+from logsdk.producer._identity import SeqReserver
+from logsdk.producer._inflight import InFlight
+from logsdk.producer._records import Rec
+from logsdk.producer._replay import Replayer
+from logsdk.producer._tally import Tally
+from logsdk.shm._ring import ShmRing
+from logsdk.spool._spool import Spool
 
 log = logging.getLogger("logsdk.producer")
+
+
+class State(str, enum.Enum):
+    """Where new records go: Kafka (ONLINE), the spool (DEGRADED), behind it (RECOVERING)."""
+
+    ONLINE = "ONLINE"
+    DEGRADED = "DEGRADED"
+    RECOVERING = "RECOVERING"
+    CLOSED = "CLOSED"
 
 
 class Event(str, enum.Enum):
@@ -71,90 +96,159 @@ TRANSITIONS: Mapping[tuple[State, Event], State] = {
 }
 
 
-class _Pump(_Replay):
-    """The pump thread and the state machine (a part of :class:`LogProducer`)."""
+class Requests:
+    """What other threads ask of the pump: a degrade (with why), a recovery (for an
+    outage, by its epoch), and to wake up. Any thread; a leaf lock guards the two asks."""
 
-    def _init_pump(self) -> None:
-        self._pump_owner = Owner(f"the pump state of producer {self.producer_id}")
-        self._state = State.DEGRADED
-        self._transitions = 0
-        self._degraded_s = 0.0
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._degrade: str | None = None
+        self._recover: int | None = None
+        #: Set to wake the pump now (send() sets it when it queued a record).
+        self.wake = threading.Event()
+
+    def degrade(self, reason: str) -> None:
+        """Ask for a degrade (any thread): the first reason since the pump's last look wins."""
+        with self._lock:
+            if self._degrade is None:
+                self._degrade = reason
+        self.wake.set()
+
+    def recover(self, epoch: int) -> None:
+        """Ask for a recovery from the outage ``epoch`` (the health thread, or the start)."""
+        with self._lock:
+            self._recover = epoch
+        self.wake.set()
+
+    def take_degrade(self) -> str | None:
+        """The pump takes the degrade asked for, if any."""
+        if self._degrade is None:
+            return None
+        with self._lock:
+            reason, self._degrade = self._degrade, None
+        return reason
+
+    def take_recover(self, epoch: int) -> bool:
+        """The pump takes a recovery asked for the outage ``epoch``; an older one is dropped."""
+        if self._recover is None:
+            return False
+        with self._lock:
+            asked, self._recover = self._recover, None
+        return asked == epoch
+
+
+class Pump:
+    """The pump thread and the state machine (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        gate: Gate,
+        requests: Requests,
+        stop: threading.Event,
+        done: threading.Condition,
+        owner: Owner,
+        parts: PumpParts,
+    ) -> None:
+        self._config = config
+        self._gate = gate
+        self.requests = requests
+        self._stop = stop
+        self._done = done
+        self.owner = owner
+        self._p = parts
+        self.state = State.DEGRADED  # set by the facade before the thread starts
+        self.transitions = 0
+        self._degraded_s = 0.0  # time spent DEGRADED, up to the last state change
         self._degraded_since = time.monotonic()
-        self._last_idle = time.monotonic()
-        self._deferred_logs = []
-        self._request_lock = threading.Lock()
-        self._want_degrade = None
-        self._epoch = 0
-        self._want_recover = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        #: When nothing was last in flight (the stall detector's other clock). Published.
+        self.last_idle = time.monotonic()
+        #: Log lines of the pump made while it holds the send lock, written once it let go.
+        self._deferred: list[tuple[int, str, tuple[Any, ...]]] = []
+        #: Each degrade starts a new epoch; the health thread asks for a recovery with the
+        #: epoch its good probes were counted in. Published.
+        self.epoch = 0
+        self.thread = threading.Thread(target=self._run, name="logsdk-pump", daemon=True)
+        self.errors = parts.errors
 
-    def _pump_loop(self) -> None:
+    # -- the thread ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Hand the pump's state and the spool to the thread, and start it."""
+        self.owner.hand_to(self.thread)
+        self._p.spool.owner.hand_to(self.thread)
+        self._p.seqs.owner.hand_to(self.thread)
+        self._p.flight.owner.hand_to(self.thread)
+        self.thread.start()
+
+    def take_back(self) -> None:
+        """close(), once the thread has ended: its state and the spool are the caller's."""
+        self.owner.take()
+        self._p.spool.owner.take()
+        self._p.seqs.owner.take()
+        self._p.flight.owner.take()
+
+    def _run(self) -> None:
+        flight, wake = self._p.flight, self.requests.wake
         while not self._stop.is_set():
             try:
-                busy = self._step()
-                self._flush_logs()
+                busy = self.step()
+                self.flush_logs()
             except Exception:  # a bug: say so loudly, keep the records, keep pumping
-                self._errors.add("pump")
+                self.errors.add("pump")
                 log.exception("logsdk pump step failed; retrying (records stay buffered)")
                 self._stop.wait(0.5)
                 continue
             with self._done:
                 self._done.notify_all()
             if not busy:
-                client = self._client
                 try:
-                    if client is not None:
-                        client.poll(0.01)
-                        self._polled()
+                    if flight.client is not None:
+                        flight.poll(0.01)
                     else:
-                        self._wake.wait(0.01)
+                        wake.wait(0.01)
                 except Exception:  # poll() may raise a fatal client error: degrade
-                    self._errors.add("pump")
+                    self.errors.add("pump")
                     log.exception("librdkafka poll failed; replacing the client")
-                    self._request_degrade("poll failed")
-                self._wake.clear()
+                    self.requests.degrade("poll failed")
+                wake.clear()
 
-    def _step(self) -> bool:
+    def step(self) -> bool:
         """One round of work; True when there may be more to do right away."""
-        self._pump_owner.check("run a pump step")
-        self._reserve_ahead()
-        client = self._client
-        if client is not None:
-            client.poll(0)
-            self._polled()
-        if self._zombies:
-            self._poll_retired()
-        reason = None
-        if self._want_degrade is not None:
-            with self._request_lock:
-                reason, self._want_degrade = self._want_degrade, None
-        if reason is not None and self._state is not State.DEGRADED:
-            self._degrade(reason)
-        self._settle_spool()
-        if self._shm_pressure:
-            self._relieve_shm()
-        state = self._state
+        self.owner.check("run a pump step")
+        p = self._p
+        p.seqs.reserve_ahead(self._gate)
+        p.flight.poll(0)
+        if p.flight.zombies:
+            p.flight.poll_retired()
+        reason = self.requests.take_degrade()
+        if reason is not None and self.state is not State.DEGRADED:
+            self.degrade(reason)
+        self.settle_spool()
+        if p.custody.shm_pressure:
+            self.relieve_shm()
+        state = self.state
         busy = False
         if state is State.ONLINE:
-            busy = self._drain_backlog_to_client()
-            if self._outstanding() == 0:
-                self._last_idle = time.monotonic()
+            busy = self.drain_backlog_to_client()
+            if p.flight.outstanding() == 0:
+                self.last_idle = time.monotonic()
         elif state is State.DEGRADED:
-            if self._want_recover == self._epoch:
-                self._want_recover = None
-                self._start_recovery()
+            if self.requests.take_recover(self.epoch):
+                self.start_recovery()
             else:
-                busy = self._spool_pending()
+                busy = p.custody.spool_pending(p.replay.cursor)
         elif state is State.RECOVERING:
-            busy = self._recover_step()
+            busy = self.recover_step()
         return busy
 
-    def _transition(self, event: Event, reason: str) -> None:
+    # -- the state machine ---------------------------------------------------------------
+
+    def transition(self, event: Event, reason: str) -> None:
         """Move the state machine on ``event`` (the one place that does), and log the move
-        once: deferred while the caller holds ``_lock`` (see ``_deferred_logs``)."""
-        self._pump_owner.check("move the state machine")
-        old = self._state
+        once: deferred while the caller holds the send lock (see ``_deferred``)."""
+        self.owner.check("move the state machine")
+        old = self.state
         new = TRANSITIONS.get((old, event))
         if new is None:  # a bug: the pump reports it and retries the step
             raise RuntimeError(f"no transition from {old.value} on {event.value}")
@@ -163,107 +257,230 @@ class _Pump(_Replay):
             self._degraded_s += now - self._degraded_since
         elif new is State.DEGRADED:
             self._degraded_since = now
-        self._state = new
-        self._transitions += 1
+        self.state = new
+        self.transitions += 1
         level = logging.WARNING if new is State.DEGRADED else logging.INFO
-        self._deferred_logs.append(
+        self._deferred.append(
             (level, "logsdk producer %s -> %s: %s", (old.value, new.value, reason))
         )
 
-    def _flush_logs(self) -> None:
-        """Write the deferred log lines (pump thread, never holding _lock)."""
-        while self._deferred_logs:
-            level, msg, args = self._deferred_logs.pop(0)
+    def degraded_s(self) -> float:
+        """Seconds spent DEGRADED so far (any thread)."""
+        extra = time.monotonic() - self._degraded_since if self.state is State.DEGRADED else 0.0
+        return self._degraded_s + extra
+
+    def flush_logs(self) -> None:
+        """Write the deferred log lines (pump thread, never holding the send lock)."""
+        while self._deferred:
+            level, msg, args = self._deferred.pop(0)
             log.log(level, msg, *args)
 
-    def _degrade(self, reason: str) -> None:
+    def degrade(self, reason: str) -> None:
         """Take the client away: every record it holds comes back and goes to the spool."""
-        with self._lock:
-            self._direct = False
-            self._epoch += 1
-            self._transition(Event.FAILURE, reason)
-        self._flush_logs()
+        p = self._p
+        with self._gate.lock:
+            self._gate.direct = False
+            self.epoch += 1
+            self.transition(Event.FAILURE, reason)
+        self.flush_logs()
         # The purge's reports see whether this client was talking to Kafka (what it hands
         # back as queued may then have been sent: see _client.possibly_persisted).
-        self._retire_client()
-        self._answered = False
+        p.flight.retire()
+        p.flight.forget_answer()
         # The purge's own failure reports asked for a degrade: this one. Left pending, the
         # request would end the next recovery at its first step.
-        with self._request_lock:
-            self._want_degrade = None
-        self._replay_inflight.clear()
-        self._restart_replay()
+        self.requests.take_degrade()
+        p.replay.forget_inflight()
+        p.replay.restart()
 
-    def _start_recovery(self) -> None:
-        self._spool_pending()  # what is already failed goes first
-        if self._failed:
+    def start_recovery(self) -> None:
+        """DEGRADED -> RECOVERING: pending records spooled first, then a new client."""
+        p = self._p
+        p.custody.spool_pending(p.replay.cursor)  # what is already failed goes first
+        if p.custody.failed:
             return  # the disk refused them: stay DEGRADED (records in memory) and retry
         if not resolver_ready():
             return  # no client can connect from this process; the health thread re-asks
-        self._client = self._new_client()
-        self._connect(self._client)
-        self._restart_replay()
-        self._pace.reset()
+        client = p.flight.new_client()
+        p.flight.install(client)
+        p.flight.connect(client)
+        p.replay.restart()
+        p.replay.pace.reset()
         reason = (
             "replaying the spool left by an earlier run"
-            if self._transitions == 0
-            else f"{self.config.recovery_probes} good probes"
+            if self.transitions == 0
+            else f"{self._config.recovery_probes} good probes"
         )
-        self._transition(Event.RECOVER, reason)
-        self._last_idle = time.monotonic()
+        self.transition(Event.RECOVER, reason)
+        self.last_idle = time.monotonic()
 
-    def _recover_step(self) -> bool:
+    def recover_step(self) -> bool:
         """Replay the spool; when it is empty, hand the backlog over and go ONLINE."""
-        cfg = self.config
-        with self._lock:
-            over = len(self._backlog) - cfg.buffer_max_records // 2
+        p, gate = self._p, self._gate
+        with gate.lock:
+            over = len(gate.backlog) - self._config.buffer_max_records // 2
         if over > 0:
             # The backlog waits behind the spool; keep memory bounded by spilling its head.
-            self._spool_pending(limit=over)
-        if self._spool.count > 0 or self._replay_inflight:
-            return self._replay_some()
-        if self._failed:
+            p.custody.spool_pending(p.replay.cursor, limit=over)
+        client = p.flight.client
+        if client is None:
+            return False
+        if p.spool.count > 0 or p.replay.inflight:
+            return p.replay.replay_some(client)
+        if p.custody.failed:
             return False
         # The gauges say the spool is empty: the table must agree before the backlog may
         # go ahead of its rows (a wrong count would leave them behind for good).
         try:
-            if self._spool.holds_rows():
-                return self._replay_some()
+            if p.spool.holds_rows():
+                return p.replay.replay_some(client)
         except SpoolError as exc:
-            self._disk_alarm(exc, "read")
+            p.alarm.failed(exc, "read")
             return False
         # Spool drained: the backlog (all newer than anything replayed) goes next.
-        with self._lock:
-            while self._backlog:
-                if not self._produce_backlog_rec(self._backlog[0]):
+        with gate.lock:
+            backlog = gate.backlog
+            while backlog:
+                if not self._produce_backlog_rec(backlog[0]):
                     return True
-                self._backlog.popleft()
-            self._direct = True
-            self._transition(Event.DRAINED, "spool drained")
-            self._space.notify_all()
+                backlog.popleft()
+            gate.direct = True
+            self.transition(Event.DRAINED, "spool drained")
+            gate.space.notify_all()
         return False
 
-    def _drain_backlog_to_client(self) -> bool:
+    def drain_backlog_to_client(self) -> bool:
         """ONLINE with a backlog (librdkafka was full): feed it in order, then go direct."""
-        if self._direct:
-            # Read without _lock: the pump steps after every poll, and taking the lock each
-            # time made it queue behind send(), which holds it most of the time. Only send()
-            # and the pump change _direct; a send() that just turned it off sets _wake.
+        gate = self._gate
+        if gate.direct:
+            # Read without the lock: the pump steps after every poll, and taking the lock
+            # each time made it queue behind send(), which holds it most of the time. Only
+            # send() and the pump change ``direct``; a send() that just turned it off wakes
+            # the pump.
             return False
-        if self._client is None:
+        if self._p.flight.client is None:
             return False  # not made yet: send() makes it with the first record
-        with self._lock:
-            if self._direct or not self._backlog:
-                if not self._direct and not self._backlog:
-                    self._direct = True
+        with gate.lock:
+            backlog = gate.backlog
+            if gate.direct or not backlog:
+                if not gate.direct and not backlog:
+                    gate.direct = True
                 return False
-            if len(self._backlog) > self.config.buffer_max_records:
-                self._request_degrade("local queue full beyond buffer_max_records")
+            if len(backlog) > self._config.buffer_max_records:
+                self.requests.degrade("local queue full beyond buffer_max_records")
                 return True
-            while self._backlog:
-                if not self._produce_backlog_rec(self._backlog[0]):
+            while backlog:
+                if not self._produce_backlog_rec(backlog[0]):
                     return False
-                self._backlog.popleft()
-            self._direct = True
-            self._space.notify_all()
+                backlog.popleft()
+            gate.direct = True
+            gate.space.notify_all()
         return False
+
+    def _produce_backlog_rec(self, rec: Rec) -> bool:
+        """Hand an accepted record to the client (the send lock held); one Kafka refuses is
+        set aside (out of the backlog: kept in the spool's rejected table)."""
+        p = self._p
+        try:
+            return p.flight.produce(rec, p.pid_header)
+        except (KafkaException, ValueError, TypeError) as exc:
+            self.errors.add("rejected")
+            p.counts.add("rejected")
+            self._deferred.append(
+                (
+                    logging.ERROR,
+                    "record seq=%d rejected by Kafka (%s); set aside in the spool",
+                    (rec[5], exc),
+                )
+            )
+            p.custody.reject(rec, str(exc))
+            return True
+
+    def relieve_shm(self) -> None:
+        """Senders wait for room in the ring: wake them, and spill the backlog to the spool
+        as a full memory buffer does (records in flight free their room when acked)."""
+        p, gate = self._p, self._gate
+        p.custody.relieved()
+        with gate.lock:
+            backlog = len(gate.backlog)
+            gate.space.notify_all()
+        if backlog:
+            if self.state is State.ONLINE:
+                self.requests.degrade("shm ring full")
+            elif self.state is State.RECOVERING:
+                p.custody.spool_pending(p.replay.cursor)
+
+    def settle_spool(self) -> None:
+        """Delete acknowledged replays and set refused records aside; after a disk error,
+        retried once a second; their success clears an alarm they raised."""
+        p = self._p
+        if p.replay.progressed():
+            p.flight.heard()  # replays acknowledged: progress, for the stall detector
+        if not p.alarm.ready():
+            return
+        try:
+            wrote = p.custody.settle_rejects()
+            if p.replay.settle(self.state is State.RECOVERING, p.flight.client is not None):
+                p.flight.heard()
+                wrote = True
+            p.custody.check_room()
+        except SpoolError as exc:
+            p.alarm.failed(exc, "settle")
+            return
+        if p.alarm.take_rebuilt():
+            p.custody.room_changed()
+        if wrote:
+            p.alarm.ok("settle")
+
+    def mark_closed(self) -> None:
+        """close(), once the thread has ended (or never ran in this process): CLOSED."""
+        self.state = State.CLOSED
+
+    # -- close(), once the thread has ended --------------------------------------------
+
+    def final_drain(self) -> int:
+        """Everything unacknowledged goes to the spool (close()'s thread, after
+        :meth:`take_back`). Returns how many records could not be written (lost)."""
+        p, gate = self._p, self._gate
+        with gate.lock:
+            gate.direct = False
+        p.flight.retire()
+        p.flight.flush_retired()
+        p.alarm.retry_now()  # last chance: try the disk now, whatever the alarm
+        self.settle_spool()
+        custody = p.custody
+        while custody.failed or gate.backlog:
+            before = len(custody.failed) + len(gate.backlog)
+            p.alarm.retry_now()
+            custody.spool_pending(p.replay.cursor)
+            if len(custody.failed) + len(gate.backlog) >= before:
+                break
+        return len(custody.failed) + len(gate.backlog) + len(custody.rejects)
+
+
+class PumpParts:
+    """The parts the pump drives, and the shared counts (built by the facade)."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        ring: ShmRing | None,
+        seqs: SeqReserver,
+        flight: InFlight,
+        custody: Custody,
+        replay: Replayer,
+        alarm: DiskAlarm,
+        errors: Tally,
+        counts: Tally,
+        pid_header: tuple[str, bytes],
+    ) -> None:
+        self.spool = spool
+        self.ring = ring
+        self.seqs = seqs
+        self.flight = flight
+        self.custody = custody
+        self.replay = replay
+        self.alarm = alarm
+        self.errors = errors
+        self.counts = counts
+        self.pid_header = pid_header

@@ -1,35 +1,40 @@
 """Replay: the spool sent back to Kafka after an outage, paced, oldest row first.
 
 Invariants owned here:
-- rows are handed to the client in id order (send order), from ``_replay_cursor``; a
-  row is deleted from the spool only after Kafka acknowledged it;
+- rows are handed to the client in id order (send order), from ``cursor``; a row is
+  deleted from the spool only after Kafka acknowledged it;
 - while RECOVERING, acknowledged rows are deleted by watermark: every row up to the one
   before the oldest still in flight (or set aside) was acknowledged, unless a replay
-  failed since the cursor was reset (``_replay_failed``), when they are deleted by id;
+  failed since the cursor was reset (``_failed``), when they are deleted by id;
 - a replay that fails (or is unconfirmed) leaves its row in the spool, to be read again
   after the next degrade resets the cursor: a duplicate at worst, never a loss;
 - a row Kafka refuses is moved to the spool's ``rejected`` table, and the replay goes on;
 - the pace: at most ``replay_max_rate`` records a second, bursts of at most
   ``replay_batch``, and at most ``2 * replay_batch`` rows in flight.
+
+Owner: the pump thread (``owner``: the pump's; the replay's delivery reports run inside
+its polls). ``inflight``, ``acked_ids`` and ``replayed`` are published (the health thread
+and stats() read their size).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from logsdk._owner import Owner
 from logsdk.errors import SpoolError
 from logsdk.producer import _client
-from logsdk.producer._core import State
-from logsdk.producer._custody import _Custody
+from logsdk.producer._alarm import DiskAlarm
+from logsdk.producer._config import ProducerConfig
+from logsdk.producer._inflight import InFlight, Tracer
 from logsdk.producer._records import HEADER_SEQ, KHeaders, _seq_of
-from logsdk.spool._spool import decode_headers
-
-if TYPE_CHECKING:
-    from logsdk.producer._producer import LogProducer
+from logsdk.producer._tally import Tally
+from logsdk.spool._spool import Spool, decode_headers
 
 log = logging.getLogger("logsdk.producer")
 
@@ -39,22 +44,22 @@ class _ReplayAck(int):
 
     One small object per replayed record instead of a ``functools.partial`` of a bound
     method. The ack path only moves the id; the spool rows are deleted per batch in
-    ``_settle_spool``. Each producer has its own subclass.
+    :meth:`Replayer.settle`. Each replayer has its own subclass.
     """
 
     __slots__ = ()
-    _producer: ClassVar[LogProducer]
+    _replay: ClassVar[Replayer]
 
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
-        p = self._producer
-        if err is None and not p._dupseq and msg.offset() is not None:
-            p._replay_inflight.pop(self, None)
-            p._acked_ids.append(self)
+        r = self._replay
+        if err is None and not r._flight.dupseq and msg.offset() is not None:
+            r.inflight.pop(self, None)
+            r.acked_ids.append(self)
             return
-        p._on_replay_delivery(self, err, msg)
+        r.on_delivery(self, err, msg)
 
 
-class _Pace:
+class Pace:
     """A token bucket: at most ``rate`` records a second (None: no limit), bursts of at
     most ``burst``; it starts empty."""
 
@@ -84,55 +89,89 @@ class _Pace:
             self.tokens -= n
 
 
-class _Replay(_Custody):
-    """Spool -> Kafka after an outage (a part of :class:`LogProducer`)."""
+class Replayer:
+    """Spool -> Kafka after an outage (see the module docstring)."""
 
-    def _init_replay(self) -> None:
-        self._replay_ack = type("_ReplayAck", (_ReplayAck,), {"__slots__": (), "_producer": self})
-        self._replay_cursor = 0
-        self._replay_inflight = {}
-        self._acked_ids = []
-        self._acked_kept = 0
-        self._acked_seen = 0
-        self._replay_failed = False
-        self._reject_ids = []
-        self._pace = _Pace(self.config.replay_max_rate, self.config.replay_batch)
-        self._n_replayed = 0
+    def __init__(
+        self,
+        config: ProducerConfig,
+        spool: Spool,
+        flight: InFlight,
+        alarm: DiskAlarm,
+        errors: Tally,
+        counts: Tally,
+        degrade: Callable[[str], None],
+        pid_header: tuple[str, bytes],
+        owner: Owner,
+    ) -> None:
+        self._config = config
+        self._spool = spool
+        self._flight = flight
+        self._alarm = alarm
+        self._errors = errors
+        self._counts = counts
+        self._degrade = degrade
+        self._pid_header = pid_header
+        self._owner = owner
+        self.ack: type[_ReplayAck] = type(
+            "_ReplayAck", (_ReplayAck,), {"__slots__": (), "_replay": self}
+        )
+        #: The id of the last row handed to the client.
+        self.cursor = 0
+        #: Spool row ids handed to the client and not yet reported, in id order (a dict:
+        #: ordered, so its first key is the oldest one outstanding). Published (its size).
+        self.inflight: dict[int, None] = {}
+        #: Acknowledged replays not yet deleted. Published (its size).
+        self.acked_ids: list[int] = []
+        self._acked_kept = 0  # of those, how many a watermark delete had to keep
+        self._acked_seen = 0  # len(acked_ids) at the last settle: more since is progress
+        self._failed = False  # a replay was reported failed since the cursor reset
+        self._reject_ids: list[tuple[int, str]] = []  # rows Kafka refused, for the table
+        self.pace = Pace(config.replay_max_rate, config.replay_batch)
+        #: Replays acknowledged and deleted from the spool. Published.
+        self.replayed = 0
 
-    def _restart_replay(self) -> None:
+    def restart(self) -> None:
         """Read the spool again from its first row (after a degrade, or to begin a
         recovery): unacknowledged replays are still in it."""
-        self._replay_cursor = 0
-        self._replay_failed = False
+        self.cursor = 0
+        self._failed = False
 
-    def _replay_some(self) -> bool:
-        self._pump_owner.check("replay the spool")
-        cfg = self.config
+    def forget_inflight(self) -> None:
+        """The client was retired: what it held of the replay is not in flight any more."""
+        self.inflight.clear()
+
+    def busy(self) -> bool:
+        """Rows in flight, acknowledged and not deleted, or refused and not set aside."""
+        return bool(self.inflight or self.acked_ids or self._reject_ids)
+
+    def replay_some(self, client: Producer) -> bool:
+        """Hand the next rows to ``client``, within the pace. True if it handed some."""
+        self._owner.check("replay the spool")
+        cfg = self._config
         window = cfg.replay_batch * 2
-        room = window - len(self._replay_inflight)
-        if room <= 0 or self._client is None:
+        room = window - len(self.inflight)
+        if room <= 0:
             return False
-        room = self._pace.allow(room)
+        room = self.pace.allow(room)
         if room <= 0:
             return False
         try:
-            rows = self._spool.read_replay(self._replay_cursor, min(room, cfg.replay_batch))
+            rows = self._spool.read_replay(self.cursor, min(room, cfg.replay_batch))
         except SpoolError as exc:
-            self._disk_alarm(exc, "read")
+            self._alarm.failed(exc, "read")
             return False
-        if self._alarm is not None:
-            self._disk_ok("read")
-        if not rows and not self._replay_inflight and not self._acked_ids and not self._reject_ids:
+        self._alarm.ok("read")
+        if not rows and not self.busy():
             # Nothing left to read, in flight or to delete, yet the gauges say rows remain:
             # they are off (a bug). Counted again from the table, so the replay can end.
             self._spool.recount_if_off()
             return False
-        client = self._client
         produce = client.produce
-        ack = self._replay_ack
-        inflight = self._replay_inflight
+        ack = self.ack
+        inflight = self.inflight
         pid_header = self._pid_header
-        cursor = self._replay_cursor
+        cursor = self.cursor
         sent = 0
         for rid, topic, key, value, hblob, ts, seq in rows:
             hdrs: KHeaders = [pid_header, (HEADER_SEQ, seq)]  # seq: the header's bytes
@@ -145,128 +184,106 @@ class _Replay(_Custody):
             except (ValueError, TypeError) as exc:
                 # Fields the client cannot take (a row written before send() checked them,
                 # or by another program): set aside, and the cursor moves past it.
-                self._reject_replayed(rid, seq.decode(), f"{type(exc).__name__}: {exc}")
+                self._reject(rid, seq.decode(), f"{type(exc).__name__}: {exc}")
                 cursor = rid
                 continue
             except KafkaException as exc:
                 if _client.is_record_exception(exc):
-                    self._reject_replayed(rid, seq.decode(), str(exc))
+                    self._reject(rid, seq.decode(), str(exc))
                     cursor = rid
                     continue
                 self._errors.add("produce_error")
-                self._request_degrade(f"replay produce failed: {exc}")
+                self._degrade(f"replay produce failed: {exc}")
                 break
             inflight[rid] = None
             cursor = rid
             sent += 1
-        self._replay_cursor = cursor
-        self._pace.spent(sent)
+        self.cursor = cursor
+        self.pace.spent(sent)
         return sent > 0
 
-    def _on_replay_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
-        # _ReplayAck handles the plain ack path itself (only the id moves; the counters and
-        # the ack clock are updated per batch in _settle_spool); the rest comes here.
-        if err is None and not self._unconfirmed(msg):
-            self._replay_inflight.pop(rid, None)
-            self._acked_ids.append(rid)
+    def on_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
+        """A replayed row's report, other than a plain acknowledgement (pump thread)."""
+        flight = self._flight
+        if err is None and not flight.is_unconfirmed(msg):
+            self.inflight.pop(rid, None)
+            self.acked_ids.append(rid)
             return
-        self._replay_inflight.pop(rid, None)
+        self.inflight.pop(rid, None)
         # Neither in flight nor acknowledged: the watermark delete must not pass this row
         # (rows up to the cursor are deleted by id until the cursor is reset).
-        self._replay_failed = True
-        if err is None:  # unconfirmed (see _UNCONFIRMED): the row stays, and is resent
-            self._unconfirmed_seen()
+        self._failed = True
+        if err is None:  # unconfirmed (see _inflight._UNCONFIRMED): the row stays, resent
+            flight.unconfirmed_seen()
             return
         if _client.is_record_error(err):
-            self._reject_replayed(rid, _seq_of(msg), err.str())
+            self._reject(rid, _seq_of(msg), err.str())
             return
-        if _client.possibly_persisted(err, self._answered):
-            self._n_possible_dups += 1
+        if _client.possibly_persisted(err, flight.answered):
+            flight.count_possible_dup()
         self._errors.add(err.name())
-        self._request_degrade(f"replay delivery failed: {err.str()}")
+        self._degrade(f"replay delivery failed: {err.str()}")
 
-    def _reject_replayed(self, rid: int, seq: object, why: str) -> None:
+    def _reject(self, rid: int, seq: object, why: str) -> None:
         """Kafka refused spool row ``rid`` (on produce or on delivery): count it, say so,
-        and have the pump move it to the rejected table."""
-        with self._lock:
-            self._n_rejected += 1
+        and move it to the rejected table at the next settle."""
+        self._counts.add("rejected")
         self._errors.add("rejected")
         log.error("record seq=%s rejected by Kafka (%s); set aside", seq, why)
         self._reject_ids.append((rid, why))
 
-    def _settle_spool(self) -> None:
-        """Delete acknowledged replays and set rejected ones aside; after a disk error,
-        retried once a second (``_disk_retry_at``); their success clears an alarm they raised."""
-        self._pump_owner.check("settle the spool")
-        n = len(self._acked_ids)
+    def progressed(self) -> bool:
+        """Replays were acknowledged since the last call (the stall detector's progress:
+        their rows are deleted once per replay batch, which may take longer)."""
+        n = len(self.acked_ids)
         if n > self._acked_seen:
-            # Replays acknowledged since the last step: the stall detector sees progress
-            # (their rows are deleted once per replay batch, which may take longer).
             self._acked_seen = n
-            self._last_ack = time.monotonic()
-            self._answered = True
-        if self._alarm is not None and time.monotonic() < self._disk_retry_at:
-            return
-        wrote = False
-        try:
-            if self._rejects:
-                # Left in _rejects until committed (flush() counts them): on an error
-                # they stay there and are retried.
-                rejects = self._rejects[:]
-                self._spool.reject(rejects)
-                del self._rejects[: len(rejects)]
-                wrote = True
-                self._release_seqs([r[5] for r, _ in rejects])
-            if self._reject_ids:
-                pairs, self._reject_ids = self._reject_ids, []
-                try:
-                    self._spool.move_to_rejected(pairs)
-                except SpoolError:
-                    self._reject_ids = pairs + self._reject_ids  # retried: still in the spool
-                    raise
-                wrote = True
-            if self._acked_ids and (
-                len(self._acked_ids) - self._acked_kept >= self.config.replay_batch
-                or not self._replay_inflight
-                or self._state is not State.RECOVERING
-            ):
-                # One DELETE transaction per replay batch, not per pump step: a page
-                # of rows is then rewritten once, not once per step that freed some.
-                self._delete_acked()
-                wrote = True
-            if self._spool_full and (self._spool.room() or 0) > 0:
-                self._spool_full = False
-                with self._lock:
-                    self._space.notify_all()
-        except SpoolError as exc:
-            self._disk_alarm(exc, "settle")
-            return
-        if wrote and self._alarm is not None:
-            self._disk_ok("settle")
+            return True
+        return False
 
-    def _delete_acked(self) -> None:
-        """Delete the acknowledged replays from the spool (pump thread, from _settle_spool).
+    def settle(self, recovering: bool, client_up: bool) -> bool:
+        """Move refused rows to the rejected table and delete acknowledged ones (pump).
+        ``recovering``/``client_up``: the state, and whether a client is there (the
+        watermark delete is for a replay under way). True if it wrote. Raises SpoolError."""
+        self._owner.check("settle the spool")
+        wrote = False
+        if self._reject_ids:
+            pairs, self._reject_ids = self._reject_ids, []
+            try:
+                self._spool.move_to_rejected(pairs)
+            except SpoolError:
+                self._reject_ids = pairs + self._reject_ids  # retried: still in the spool
+                raise
+            wrote = True
+        if self.acked_ids and (
+            len(self.acked_ids) - self._acked_kept >= self._config.replay_batch
+            or not self.inflight
+            or not recovering
+        ):
+            # One DELETE transaction per replay batch, not per pump step: a page of rows
+            # is then rewritten once, not once per step that freed some.
+            self._delete_acked(recovering and client_up)
+            wrote = True
+        return wrote
+
+    def _delete_acked(self, by_watermark: bool) -> None:
+        """Delete the acknowledged replays from the spool.
 
         While replaying, by watermark: every row up to the one before the oldest still in
         flight was handed to Kafka in id order and acknowledged (a failed one sets
-        ``_replay_failed``, a rejected one waits in ``_reject_ids``), so one range DELETE
-        removes them; acknowledged ids above it wait for a later batch (a crash resends
-        them: duplicates, never a loss). Otherwise (degraded, closing, a replay failed),
-        by id: exactly the acknowledged rows.
+        ``_failed``, a rejected one waits in ``_reject_ids``), so one range DELETE removes
+        them; acknowledged ids above it wait for a later batch (a crash resends them:
+        duplicates, never a loss). Otherwise (degraded, closing, a replay failed), by id:
+        exactly the acknowledged rows.
         """
-        ids, self._acked_ids = self._acked_ids, []
+        ids, self.acked_ids = self.acked_ids, []
         self._acked_kept = 0
         keep: list[int] = []
         try:
-            if (
-                self._state is State.RECOVERING
-                and self._client is not None
-                and not self._replay_failed
-            ):
-                inflight = self._replay_inflight
-                mark = self._replay_cursor
-                if inflight:
-                    mark = min(mark, next(iter(inflight)) - 1)
+            if by_watermark and not self._failed:
+                mark = self.cursor
+                if self.inflight:
+                    mark = min(mark, next(iter(self.inflight)) - 1)
                 if self._reject_ids:
                     mark = min(mark, min(r for r, _ in self._reject_ids) - 1)
                 keep = [i for i in ids if i > mark]
@@ -274,13 +291,36 @@ class _Replay(_Custody):
             else:
                 gone = self._spool.delete(ids)
         except SpoolError:
-            self._acked_ids = ids + self._acked_ids  # still in the spool: delete them later
-            self._acked_kept = self._acked_seen = len(self._acked_ids)
+            self.acked_ids = ids + self.acked_ids  # still in the spool: delete them later
+            self._acked_kept = self._acked_seen = len(self.acked_ids)
             raise
-        self._acked_ids = keep + self._acked_ids
+        self.acked_ids = keep + self.acked_ids
         self._acked_kept = len(keep)
-        self._acked_seen = len(self._acked_ids)
+        self._acked_seen = len(self.acked_ids)
         # The rows that left the spool: a late acknowledgement (a retired client's) of a
         # row when_full="drop_oldest" has dropped meanwhile counted it dropped already.
-        self._n_replayed += gone
-        self._last_ack = time.monotonic()
+        self.replayed += gone
+
+    def trace(self, tracer: Tracer) -> None:
+        """A testing hook: ``tracer(seq, err, msg)`` before each replay report is served
+        (seq -1 when the report has no headers: a purged one)."""
+        base = self.ack
+
+        class Traced(base):  # type: ignore[misc,valid-type]
+            __slots__ = ()
+
+            def __call__(self, err: KafkaError | None, msg: Message) -> None:
+                try:
+                    seq = _seq_of(msg)
+                except Exception:  # a purged report has no headers
+                    seq = -1
+                tracer(seq, err, msg)
+                base.__call__(self, err, msg)
+
+        self.ack = Traced
+
+    def forget(self) -> None:
+        """After the threads stopped: the ack class names this replayer (a cycle); let go."""
+        for cls in self.ack.__mro__:
+            if vars(cls).get("_replay") is self:
+                delattr(cls, "_replay")

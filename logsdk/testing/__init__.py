@@ -17,11 +17,16 @@ cluster): several brokers and commit metadata kept, but no kill, restart or netw
 
 The pytest fixtures (``kafka_broker``, ``fresh_topic``, ``broker_factory``) are
 in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
+
+:func:`producer_hooks` gives a test hooks into one ``LogProducer``: trace its delivery
+reports, wrap its client to fail at an exact instant, slow its connections, look at its
+in-flight table and shm ring.
 """
 
 from logsdk.testing._admin import create_topic, delete_topic, read_topic
 from logsdk.testing._broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
 from logsdk.testing._check import DeliveryReport, check_delivery, identity
+from logsdk.testing._hooks import producer_hooks
 from logsdk.testing._mock import MockCluster
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "free_port",
     "identity",
     "port_is_free",
+    "producer_hooks",
     "read_topic",
     "tansu_binary",
 ]

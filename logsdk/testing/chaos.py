@@ -148,44 +148,22 @@ def _trace_acks(p: Any, path: Path) -> None:
 
 
 def trace_deliveries(p: Any, write: Callable[[str], object]) -> None:
-    """Wrap the delivery callbacks of LogProducer ``p``: each report first calls
+    """Trace the delivery reports of LogProducer ``p``: each report first calls
     ``write("seq partition offset error time\\n")`` (error 0: delivered; offset None: no
-    offset given). :func:`unconfirmed_seqs` reads these lines back.
+    offset given; seq -1: a purged replay report, which has no headers).
+    :func:`unconfirmed_seqs` reads these lines back.
 
     Install it right after the producer is built: the reports of a replay its pump began
     in the meantime (a spool left by a previous process) may be missing.
     """
-    from logsdk.producer._records import _seq_of
 
     def line(seq: int, err: Any, msg: Any) -> None:
         code = 0 if err is None else err.code()
         write(f"{seq} {msg.partition()} {msg.offset()} {code} {time.time():.3f}\n")
 
-    base = p._ticket  # the class of the tickets fresh records are produced under
-    slots = p._slots
+    from logsdk.testing import producer_hooks
 
-    class Traced(base):  # type: ignore[misc,valid-type]
-        __slots__ = ()
-
-        def __call__(self, err: Any, msg: Any) -> None:
-            line(slots[self][5], err, msg)  # the ticket's record, before the report frees it
-            base.__call__(self, err, msg)
-
-    p._ticket = Traced
-    ack_base = p._replay_ack
-
-    class TracedAck(ack_base):  # type: ignore[misc,valid-type]
-        __slots__ = ()
-
-        def __call__(self, err: Any, msg: Any) -> None:
-            try:
-                seq = _seq_of(msg)
-            except Exception:  # a purged report has no headers
-                seq = -1
-            line(seq, err, msg)
-            ack_base.__call__(self, err, msg)
-
-    p._replay_ack = TracedAck
+    producer_hooks(p).trace_reports(line)
 
 
 def _consumer_child(args: argparse.Namespace) -> int:

@@ -24,14 +24,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from logsdk import LogProducer, State
 from logsdk.integrations.logging import KafkaHandler
 from logsdk.producer import _inflight
-from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
+from logsdk.testing import (
+    EmbeddedBroker,
+    check_delivery,
+    create_topic,
+    free_port,
+    producer_hooks,
+    read_topic,
+)
 from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, assert_spool_sound, reap, wait_until
@@ -86,9 +92,9 @@ def _assert_tickets_back(p: LogProducer) -> None:
     """Every record handed to a client (the current one or a retired one) came back
     through its report, acknowledged, failed or purged: no ticket of the in-flight table
     is still taken."""
-    assert p._slots, "no record ever went to a client: nothing checked"
-    assert p._slots == [None] * len(p._slots)
-    assert sorted(p._free) == list(range(len(p._slots)))
+    size, free = producer_hooks(p).ticket_table()
+    assert size, "no record ever went to a client: nothing checked"
+    assert free == size
 
 
 def _check_all_delivered(
@@ -176,13 +182,8 @@ def test_each_outage_needs_its_own_good_probes(
     broker = broker_factory(durable=True)
     topic = create_topic(broker.bootstrap_servers, "outages", 3)
     p = LogProducer(broker.bootstrap_servers, topic, tmp_path, **FAST)
-    connect = p._connect
-
-    def slow_connect(client: Any) -> None:
-        time.sleep(1.5)  # the health thread goes on probing meanwhile (every 0.2 s)
-        connect(client)
-
-    p._connect = slow_connect  # type: ignore[method-assign]
+    # The health thread goes on probing meanwhile (every 0.2 s).
+    producer_hooks(p).delay_connect(1.5)
     try:
         for outage in range(2):
             broker.kill()

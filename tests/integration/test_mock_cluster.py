@@ -15,7 +15,7 @@ import pytest
 
 from logsdk import LogConsumer, LogProducer, Record
 from logsdk.testing import MockCluster, check_delivery, read_topic
-from tests.conftest import kafka_producer, wait_until
+from tests.conftest import kafka_producer, rdkafka_config, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.mock_cluster]
 
@@ -36,7 +36,7 @@ def test_producer_on_three_brokers_with_replication_factor_three(
         for i in range(20_000):
             p.send(b"%d" % i, key=b"%d" % (i % 16))
         assert p.flush(60) == 0
-        md = p._client.list_topics(topic, timeout=10).topics[topic]  # type: ignore[union-attr]
+        md = _metadata(mock.bootstrap_servers, topic)
     assert {len(part.replicas) for part in md.partitions.values()} == {3}
     assert len({part.leader for part in md.partitions.values()}) > 1
     rep = check_delivery(read_topic(mock.bootstrap_servers, topic))
@@ -129,3 +129,11 @@ def test_out_of_order_progress_survives_a_restart_through_commit_metadata(
         first.stop()
     assert again == [10], again[:20]
     assert skipped == 189  # 11..199 fetched again and skipped as done (the metadata)
+
+
+def _metadata(bootstrap: str, topic: str) -> Any:
+    """``topic``'s metadata, as a client of its own reads it."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(rdkafka_config({"bootstrap.servers": bootstrap}))
+    return admin.list_topics(topic, timeout=10).topics[topic]

@@ -28,7 +28,14 @@ from logsdk.errors import (
 )
 from logsdk.integrations.logging import KafkaHandler
 from logsdk.spool import Spool
-from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
+from logsdk.testing import (
+    EmbeddedBroker,
+    check_delivery,
+    create_topic,
+    free_port,
+    producer_hooks,
+    read_topic,
+)
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, InterruptAfterProduce, wait_until
 
@@ -119,18 +126,17 @@ def test_in_flight_table_gives_every_ticket_back_and_is_reused(
         for i in range(3000):
             p.send(b"first-%d" % i)
         assert p.flush(30) == 0
-        peak = len(p._slots)
+        hooks = producer_hooks(p)
+        peak, free = hooks.ticket_table()
         assert 0 < peak <= 3000
-        assert sorted(p._free) == list(range(peak))
-        assert p._slots == [None] * peak
+        assert free == peak
         with pytest.raises(RecordTooLargeError, match="librdkafka refused"):
             p.send(b"x" * 8000)
-        assert sorted(p._free) == list(range(peak))
+        assert hooks.ticket_table() == (peak, peak)
         for i in range(peak):
             p.send(b"second-%d" % i)
         assert p.flush(30) == 0
-        assert len(p._slots) == peak  # no ticket was made: the free ones served
-        assert sorted(p._free) == list(range(peak))
+        assert hooks.ticket_table() == (peak, peak)  # no ticket was made: the free ones served
         assert p.stats()["acked"] == 3000 + peak
     assert len(read_topic(kafka.bootstrap_servers, topic)) == 3000 + peak
 
@@ -157,7 +163,7 @@ def test_a_closed_producer_is_freed_without_the_cyclic_collector(
                 for i in range(2000):
                     p.send(b"%d" % i)
                 assert p.flush(30) == 0
-                assert len(p._slots) > 0
+                assert producer_hooks(p).ticket_table()[0] > 0
             finally:
                 p.close()  # no fixture may hold it: the test drops its last reference
             gone = weakref.ref(p)
@@ -181,12 +187,11 @@ def test_an_interrupt_right_after_produce_never_reuses_the_seq(
     with LogProducer(kafka.bootstrap_servers, topic, tmp_path) as p:
         p.send(b"before")
         assert p.flush(30) == 0
-        with p._lock:
-            real, p._client = p._client, InterruptAfterProduce(p._client)
-        with pytest.raises(KeyboardInterrupt):
+        with (
+            producer_hooks(p).client_wrapped(InterruptAfterProduce),
+            pytest.raises(KeyboardInterrupt),
+        ):
             p.send(b"interrupted")
-        with p._lock:
-            p._client = real
         p.send(b"after")
         assert p.flush(30) == 0
     got = read_topic(kafka.bootstrap_servers, topic)
@@ -293,8 +298,8 @@ def test_broker_down_whole_run_then_new_producer_delivers(
     assert stats["acked"] == 0
     # Every record handed to a client came back through its failed or purged report:
     # no ticket is still taken, no record still in the in-flight table.
-    assert p._slots == [None] * len(p._slots)
-    assert len(p._free) == len(p._slots)
+    size, free = producer_hooks(p).ticket_table()
+    assert free == size
     broker = broker_factory(port=port)
     create_topic(broker.bootstrap_servers, "down", 2)
     with LogProducer(broker.bootstrap_servers, "down", tmp_path, **FAST) as p2:

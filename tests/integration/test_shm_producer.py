@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from logsdk import LogProducer
 from logsdk.errors import ShmInUseError
 from logsdk.shm import ShmRing, inspect, list_segments, segment_name
-from logsdk.testing import check_delivery, free_port, read_topic
+from logsdk.testing import check_delivery, free_port, producer_hooks, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, InterruptAfterProduce
 
@@ -40,9 +41,9 @@ def test_an_interrupt_inside_send_leaves_no_frame_open(
     ) as p:
         p.send(b"before")
         assert p.flush(30) == 0
-        ring, client = p._shm, p._client
+        hooks = producer_hooks(p)
+        ring = hooks.ring
         assert ring is not None
-        assert client is not None
 
         def put_then_interrupt(*args: Any) -> bool:
             ring.put_fields = real_put  # type: ignore[method-assign]
@@ -50,15 +51,13 @@ def test_an_interrupt_inside_send_leaves_no_frame_open(
             raise KeyboardInterrupt
 
         real_put = ring.put_fields
-        with p._lock:
+        with contextlib.ExitStack() as stack:
             if after == "put":
                 ring.put_fields = put_then_interrupt  # type: ignore[method-assign]
             else:
-                p._client = InterruptAfterProduce(client)  # type: ignore[assignment]
-        with pytest.raises(KeyboardInterrupt):
-            p.send(b"interrupted")
-        with p._lock:
-            p._client = client
+                stack.enter_context(hooks.client_wrapped(InterruptAfterProduce))
+            with pytest.raises(KeyboardInterrupt):
+                p.send(b"interrupted")
         for i in range(20_000):  # ~ 4 laps of the 1 MiB ring
             p.send(b"after-%d" % i + b"." * 200)
         assert p.flush(60) == 0

@@ -39,6 +39,7 @@ def test_testing_exports() -> None:
             "free_port",
             "identity",
             "port_is_free",
+            "producer_hooks",
             "read_topic",
             "tansu_binary",
         ]
