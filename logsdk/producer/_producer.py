@@ -212,7 +212,7 @@ class LogProducer:
         self._counts = counts = Tally()  # dropped, rejected
         self.producer_id = spool.producer_id
         self._pid_header = (HEADER_PRODUCER, self.producer_id.encode())
-        self._seqs = seqs = SeqReserver(spool, errors)
+        seqs = SeqReserver(spool, errors)
         self._gate = gate = seqs.gate()
         # buffer="shm": every accepted record is also in a shared-memory ring until it is
         # acknowledged or spooled; what a dead owner left there goes to the spool first.
@@ -224,7 +224,7 @@ class LogProducer:
         self._recovered_at_start = spool.count
         requests = Requests()
         self._wake = requests.wake
-        self._stop = stop = threading.Event()
+        stop = threading.Event()  # the pump, health and a new client's connect end on it
         self._done = threading.Condition()  # notified after every pump step
         pump_owner = Owner(f"the pump state of producer {self.producer_id}")
         self._alarm = alarm = DiskAlarm(spool, errors, pump_owner)
@@ -586,7 +586,7 @@ class LogProducer:
             # everything) are delivered too, within the same timeout, if Kafka answers.
             self._drains.scan(closing_by=deadline)
             self._wait_until_delivered(deadline)
-            self._stop.set()
+            self._pump.stop()
             self._wake.set()
             self._health.wake.set()
             # A probe under way ends within 0.1 s of the stop; one that does not (its

@@ -181,6 +181,10 @@ class Pump:
         self._p.flight.owner.hand_to(self.thread)
         self.thread.start()
 
+    def stop(self) -> None:
+        """close(): the pump, the health thread and probes under way stop (any thread)."""
+        self._stop.set()
+
     def take_back(self) -> None:
         """close(), once the thread has ended: its state and the spool are the caller's."""
         self.owner.take()
