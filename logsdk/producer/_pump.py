@@ -437,7 +437,10 @@ class Pump:
             p.alarm.ok("settle")
 
     def mark_closed(self) -> None:
-        """close(), once the thread has ended (or never ran in this process): CLOSED."""
+        """close(), once the thread has ended (or never ran in this process): CLOSED. A
+        last outage still under way is added to ``degraded_s`` (which never goes back)."""
+        if self.state is State.DEGRADED:
+            self._degraded_s += time.monotonic() - self._degraded_since
         self.state = State.CLOSED
 
     # -- close(), once the thread has ended --------------------------------------------
