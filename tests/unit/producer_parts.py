@@ -86,7 +86,8 @@ class Produced:
     topic: str
     value: bytes | None
     key: bytes | None
-    callback: Callable[[Any, Any], None]
+    #: The delivery callback: an InFlight ticket or a Replayer ack (an int subclass).
+    callback: Any
     headers: list[tuple[str, bytes | str | None]]
 
 
@@ -116,7 +117,7 @@ class StandInClient:
         self.calls.append(Produced(topic, value, key, on_delivery, headers))
 
 
-class Msg:
+class _Msg:
     """A delivery report's message: what the parts read of one."""
 
     def __init__(
@@ -142,6 +143,17 @@ class Msg:
 
     def headers(self) -> list[tuple[str, bytes]] | None:
         return self._headers
+
+
+def msg(
+    offset: int | None,
+    partition: int = 0,
+    topic: str = TOPIC,
+    headers: list[tuple[str, bytes]] | None = None,
+) -> Any:
+    """A stand-in for the Message of a delivery report (typed Any: it goes where the
+    parts expect confluent_kafka's)."""
+    return _Msg(offset, partition, topic, headers)
 
 
 @dataclass

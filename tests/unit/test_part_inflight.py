@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from logsdk.producer._inflight import Handback, InFlight
-from logsdk.producer._records import HEADER_SEQ
-from tests.unit.producer_parts import Msg, Parts, StandInClient, parts_factory, rec
+from logsdk.producer._records import HEADER_SEQ, Rec
+from tests.unit.producer_parts import Parts, StandInClient, msg, parts_factory, rec
 
 
 @pytest.fixture
@@ -26,9 +27,9 @@ def in_use(flight: InFlight) -> int:
     return sum(r is not None for r in flight.slots)
 
 
-def with_client(p: Parts) -> StandInClient:
-    client = StandInClient()
-    p.flight.install(client)  # type: ignore[arg-type]
+def with_client(p: Parts) -> Any:
+    client: Any = StandInClient()
+    p.flight.install(client)
     return client
 
 
@@ -44,8 +45,8 @@ def test_tickets_are_reused_after_their_report(make_parts: Callable[..., Parts])
     tickets = [c.callback for c in client.calls]
     assert sorted(map(int, tickets)) == [0, 1, 2, 3, 4]
     assert client.calls[2].headers == [p.pid_header, (HEADER_SEQ, b"2")]
-    tickets[1](None, Msg(offset=11))
-    tickets[3](None, Msg(offset=13))
+    tickets[1](None, msg(offset=11))
+    tickets[3](None, msg(offset=13))
     assert flight.acked == 2
     assert flight.outstanding() == in_use(flight) == 3
     assert flight.produce(rec(5), p.pid_header)
@@ -54,7 +55,7 @@ def test_tickets_are_reused_after_their_report(make_parts: Callable[..., Parts])
     assert len(flight.slots) == 5
     assert flight.outstanding() == in_use(flight) == 5
     for i in (0, 2, 4, 5, 6):  # the reports still owed (1 and 3 came)
-        client.calls[i].callback(None, Msg(offset=20 + i))
+        client.calls[i].callback(None, msg(offset=20 + i))
     assert flight.acked == 7
     assert flight.outstanding() == in_use(flight) == 0
     assert len(flight.free) == len(flight.slots) == 5
@@ -106,9 +107,9 @@ def test_a_failed_report_hands_the_record_to_custody_before_its_ticket_is_freed(
     p = make_parts()
     seen: list[tuple[int, int]] = []
 
-    def failed(r: object) -> None:
+    def failed(r: Rec) -> None:
         seen.append((flight.outstanding(), len(p.custody.failed)))
-        p.custody.take_back(r)  # type: ignore[arg-type]
+        p.custody.take_back(r)
 
     flight = InFlight(
         p.config,
@@ -118,10 +119,10 @@ def test_a_failed_report_hands_the_record_to_custody_before_its_ticket_is_freed(
         None,
         p.stop,
     )
-    client = StandInClient()
-    flight.install(client)  # type: ignore[arg-type]
+    client: Any = StandInClient()
+    flight.install(client)
     assert flight.produce(rec(7), p.pid_header)
-    client.calls[0].callback(KafkaError(KafkaError._MSG_TIMED_OUT), Msg(offset=None))
+    client.calls[0].callback(KafkaError(KafkaError._MSG_TIMED_OUT), msg(offset=None))
     assert seen == [(1, 0)]
     assert flight.outstanding() == 0
     assert p.custody.failed == [rec(7)]
@@ -142,7 +143,7 @@ def test_a_record_kafka_refuses_goes_to_the_rejected_records(
     p = make_parts()
     flight, client = p.flight, with_client(p)
     assert flight.produce(rec(3), p.pid_header)
-    client.calls[0].callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), Msg(offset=None))
+    client.calls[0].callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), msg(offset=None))
     assert [row[5] for row, _ in p.custody.rejects] == [3]
     assert p.counts["rejected"] == 1
     assert p.requests.take_degrade() is None
@@ -157,19 +158,19 @@ def test_the_unconfirmed_chain_is_detected_and_cleared_by_polled(
     with offsets 0, 1, 2... are unconfirmed too; another partition is not; an offset that
     breaks the sequence ends it, and so does the end of the poll (``polled()``)."""
     flight = make_parts().flight
-    assert not flight.is_unconfirmed(Msg(offset=0, partition=0))
-    assert flight.is_unconfirmed(Msg(offset=None, partition=0))
-    assert flight.is_unconfirmed(Msg(offset=0, partition=0))
-    assert flight.is_unconfirmed(Msg(offset=1, partition=0))
-    assert not flight.is_unconfirmed(Msg(offset=1, partition=1))
-    assert not flight.is_unconfirmed(Msg(offset=0, partition=0, topic="other"))
-    assert flight.is_unconfirmed(Msg(offset=2, partition=0))
-    assert not flight.is_unconfirmed(Msg(offset=40, partition=0))  # breaks it: ended
-    assert not flight.is_unconfirmed(Msg(offset=3, partition=0))
-    assert flight.is_unconfirmed(Msg(offset=None, partition=0))
-    assert flight.is_unconfirmed(Msg(offset=0, partition=0))
+    assert not flight.is_unconfirmed(msg(offset=0, partition=0))
+    assert flight.is_unconfirmed(msg(offset=None, partition=0))
+    assert flight.is_unconfirmed(msg(offset=0, partition=0))
+    assert flight.is_unconfirmed(msg(offset=1, partition=0))
+    assert not flight.is_unconfirmed(msg(offset=1, partition=1))
+    assert not flight.is_unconfirmed(msg(offset=0, partition=0, topic="other"))
+    assert flight.is_unconfirmed(msg(offset=2, partition=0))
+    assert not flight.is_unconfirmed(msg(offset=40, partition=0))  # breaks it: ended
+    assert not flight.is_unconfirmed(msg(offset=3, partition=0))
+    assert flight.is_unconfirmed(msg(offset=None, partition=0))
+    assert flight.is_unconfirmed(msg(offset=0, partition=0))
     flight.polled()
-    assert not flight.is_unconfirmed(Msg(offset=1, partition=0))
+    assert not flight.is_unconfirmed(msg(offset=1, partition=0))
 
 
 def test_unconfirmed_reports_resend_their_records_and_plain_acks_count(
@@ -184,11 +185,11 @@ def test_unconfirmed_reports_resend_their_records_and_plain_acks_count(
     for s in range(6):
         assert flight.produce(rec(s), p.pid_header)
     cb = [c.callback for c in client.calls]
-    cb[0](None, Msg(offset=None, partition=0))
-    cb[1](None, Msg(offset=0, partition=0))
-    cb[2](None, Msg(offset=5, partition=1))
-    cb[3](None, Msg(offset=1, partition=0))
-    cb[4](None, Msg(offset=9, partition=0))
+    cb[0](None, msg(offset=None, partition=0))
+    cb[1](None, msg(offset=0, partition=0))
+    cb[2](None, msg(offset=5, partition=1))
+    cb[3](None, msg(offset=1, partition=0))
+    cb[4](None, msg(offset=9, partition=0))
     assert [r[5] for r in p.custody.failed] == [0, 1, 3]
     assert flight.unconfirmed == 3
     assert flight.possible_dups == 3
@@ -196,6 +197,6 @@ def test_unconfirmed_reports_resend_their_records_and_plain_acks_count(
     assert p.requests.take_degrade() is not None
     assert flight.outstanding() == 1
     flight.polled()
-    cb[5](None, Msg(offset=0, partition=0))
+    cb[5](None, msg(offset=0, partition=0))
     assert flight.acked == 3
     assert flight.outstanding() == in_use(flight) == 0
