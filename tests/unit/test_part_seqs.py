@@ -103,10 +103,10 @@ def test_a_failed_reservation_is_retried_a_second_later_and_counted(
     assert gate.seq_limit == BLOCK
     assert reserved_on_disk(p.spool.directory) == BLOCK
     assert p.errors["seq_reservation"] == 1
-    clock.advance(0.999)
+    clock.advance(0.875)  # binary fractions: exact sums
     p.seqs.reserve_ahead(gate)
     assert len(tries) == 1
-    clock.advance(0.001)
+    clock.advance(0.125)
     p.seqs.reserve_ahead(gate)
     assert len(tries) == 2
     assert gate.seq_limit == reserved_on_disk(p.spool.directory) == 2 * BLOCK
