@@ -180,39 +180,40 @@ def test_a_recover_for_an_older_epoch_is_dropped() -> None:
 
 
 def _asked_from_many_threads(ask: Callable[[int, int], None], take: Callable[[], object]) -> None:
-    """8 threads ask 1000 times each while this thread takes in a loop; each take is
-    stamped before it starts and each ask after it ended. At least one take that started
-    after the last ask ended must see something."""
+    """8 threads ask 1000 times each while this thread takes in a loop, once more after
+    they all ended. Each ask is stamped before it starts, each take after it returned: a
+    take that returned after the last ask began must have seen something (that ask's, or
+    one still pending when it was made), whatever the interleaving."""
     stamps = itertools.count()  # next() is atomic under the GIL
-    last_ask = [-1] * 8
+    ask_began = [-1] * 8
     start = threading.Barrier(9)
 
     def asker(i: int) -> None:
         start.wait()
         for k in range(1000):
+            ask_began[i] = next(stamps)
             ask(i, k)
-            last_ask[i] = next(stamps)
 
     threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     start.wait()
-    last_seen = -1
+    seen_at = -1  # when the last take that saw something returned
     while True:
         done = not any(t.is_alive() for t in threads)
-        stamp = next(stamps)
         if take():
-            last_seen = stamp
+            seen_at = next(stamps)
         if done:
             break
     for t in threads:
         t.join()
-    assert last_seen > max(last_ask)
+    assert seen_at > max(ask_began)
 
 
 def test_degrades_asked_from_many_threads_lose_nothing_the_pump_must_see() -> None:
     """8 threads ask for degrades while the pump takes in a loop: a take after the last ask
-    sees one; no reason is taken twice, and one thread's reasons are taken in its order."""
+    sees one; no reason is taken twice, and one thread's reasons are taken in its order
+    (first reason wins: an older one cannot be pending behind a newer one)."""
     req = Requests()
     taken: list[str] = []
 
