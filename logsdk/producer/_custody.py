@@ -103,7 +103,8 @@ class Custody:
                 backlog.append(rec)
                 return
             if policy == "raise":
-                raise SpoolFullError(self._full_reason())
+                # The spool at its cap is SpoolFullError; memory full alone, its parent.
+                raise (SpoolFullError if self.spool_full else BufferFullError)(self._full_reason())
             deadline = time.monotonic() + cfg.max_block_s
             while (len(backlog) >= cfg.buffer_max_records or self.spool_full) and not gate.closing:
                 left = deadline - time.monotonic()

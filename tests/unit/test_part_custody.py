@@ -234,6 +234,19 @@ def test_raise_and_block_refuse_new_records_while_the_spool_is_full(
     assert p.counts["dropped"] == 0
 
 
+def test_raise_with_memory_full_is_a_buffer_error_not_a_spool_one(
+    make_parts: Callable[..., Parts],
+) -> None:
+    """``raise`` with the memory buffer full and the spool fine raises BufferFullError,
+    not its SpoolFullError (documented as the spool at its cap), naming the buffer."""
+    p = make_parts(when_full="raise", buffer_max_records=2)
+    queue(p, [1, 2])
+    with p.gate.lock, pytest.raises(BufferFullError, match="memory buffer full") as info:
+        p.custody.enqueue_full(rec(3))
+    assert not isinstance(info.value, SpoolFullError)
+    assert backlog(p) == [1, 2]
+
+
 # -- unsettled() ------------------------------------------------------------------------
 
 
