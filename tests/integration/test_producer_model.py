@@ -44,7 +44,9 @@ records for a drain: its drain's count is not public, the bound is not checked);
 per-partition order of first occurrences, but after unconfirmed acknowledgements.
 
 ``test_producer_model`` runs a few short examples in the main suite;
-``test_producer_model_long`` (marked ``fault``) runs more and longer ones.
+``test_producer_model_long`` (marked ``fault``) runs more and longer ones. A run that
+fails prints its steps, with the producer's figures before each (the failures are races,
+which hypothesis' replay does not always repeat).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -258,6 +260,7 @@ class ProducerModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.ok = False  # the last step and its invariants passed: teardown checks Kafka
+        self.steps: list[str] = []  # what this run did, printed when it fails
         self.cut = False
         self.step = 0
         self.instances: list[Instance] = []
@@ -283,9 +286,15 @@ class ProducerModel(RuleBasedStateMachine):
         self.instances.append(self.own)
         return p
 
-    def _begin(self) -> None:
+    def _begin(self, what: str) -> None:
         self.ok = False
         self.step += 1
+        s = self.p.stats()
+        self.steps.append(
+            f"{self.step}. {what}  [network {'cut' if self.cut else 'up'}; before it: "
+            f"{s['state']}, sent {s['sent']}, acked {s['acked']}, buffered {s['buffered']}, "
+            f"spool {s['spool_records']}]"
+        )
 
     def _network(self, cut: bool) -> None:
         if cut:
@@ -311,10 +320,10 @@ class ProducerModel(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------
 
-    def _send_at_once(self, threads: int, n: int, flip: bool) -> None:
+    def _send_at_once(self, what: str, threads: int, n: int, flip: bool) -> None:
         """``threads`` threads send ``n`` records each at once; with ``flip`` the network
         is cut (or restored) while they send."""
-        self._begin()
+        self._begin(f"{what}(threads={threads}, n={n})")
         inst, p, step = self.own, self.p, self.step
         accepted: list[list[bytes]] = [[] for _ in range(threads)]
         errors: list[BaseException] = []
@@ -348,27 +357,27 @@ class ProducerModel(RuleBasedStateMachine):
 
     @initialize(threads=THREADS, n=BATCH)
     def send_first(self, threads: int, n: int) -> None:
-        self._send_at_once(threads, n, flip=False)
+        self._send_at_once("send_first", threads, n, flip=False)
 
     @rule(threads=THREADS, n=BATCH)
     def send(self, threads: int, n: int) -> None:
-        self._send_at_once(threads, n, flip=False)
+        self._send_at_once("send", threads, n, flip=False)
 
     @rule(threads=THREADS, n=BATCH)
     def send_while_network_flips(self, threads: int, n: int) -> None:
-        self._send_at_once(threads, n, flip=True)
+        self._send_at_once("send_while_network_flips", threads, n, flip=True)
 
     @precondition(lambda self: not self.cut)
     @rule()
     def cut_network(self) -> None:
         """Every connection through the proxy reset, new ones refused."""
-        self._begin()
+        self._begin("cut_network()")
         self._network(True)
 
     @precondition(lambda self: self.cut)
     @rule()
     def restore_network(self) -> None:
-        self._begin()
+        self._begin("restore_network()")
         self._network(False)
 
     @rule(n=st.integers(0, 20), until_noticed=st.booleans())
@@ -376,7 +385,7 @@ class ProducerModel(RuleBasedStateMachine):
         """The broker stopped (SIGSTOP) while ``n`` records are sent; resumed 0.3 s later,
         or (``until_noticed``, with records in flight) once the producer degraded (its
         stall detector, or failed probes), at most 20 s."""
-        self._begin()
+        self._begin(f"stall(n={n}, until_noticed={until_noticed})")
         self.broker.pause()
         try:
             self._send([b"s%d-stall-%d" % (self.step, i) for i in range(n)])
@@ -391,7 +400,7 @@ class ProducerModel(RuleBasedStateMachine):
     def flush(self, timeout: float) -> None:
         """flush(timeout) returns how many records are not in Kafka yet: 0 only when none
         is, and never fewer than are left right after it (nothing is sent meanwhile)."""
-        self._begin()
+        self._begin(f"flush(timeout={timeout})")
         left = self.p.flush(timeout)
         now = self.p.stats()["undelivered"]
         assert left >= 0
@@ -405,7 +414,7 @@ class ProducerModel(RuleBasedStateMachine):
         """close(timeout), then a new producer on the same spool_dir: it takes slot 0
         again, under the same producer id, recovers what the closed one left in the spool
         and goes on with seqs after the closed one's."""
-        self._begin()
+        self._begin(f"close_and_reopen(timeout={timeout})")
         old, inst = self.p, self.own
         old.close(timeout)
         s = old.stats()
@@ -426,7 +435,7 @@ class ProducerModel(RuleBasedStateMachine):
         With the network cut, or in a child forked while a thread of this process was
         inside getaddrinfo() (no client can connect there: logsdk._resolver), it leaves
         them in its slot, for a drain (of this process's producer) to deliver."""
-        self._begin()
+        self._begin(f"fork(n={n})")
         values = [b"s%d-child-%d" % (self.step, i) for i in range(n)]
         result = self.work / f"child-{self.step}.json"
         parent_id = self.own.producer_id
@@ -496,10 +505,24 @@ class ProducerModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            if self.ok:
-                self._deliver_and_check()
+            if not self.ok:
+                self._print_steps("failed")
+            else:
+                try:
+                    self._deliver_and_check()
+                except BaseException:
+                    self._print_steps("failed at teardown")
+                    raise
         finally:
             self._clean_up()
+
+    def _print_steps(self, how: str) -> None:
+        """The steps of a run that failed, on stdout (pytest shows it with the failure):
+        hypothesis prints them only when the failure happens again when replayed, which a
+        race often does not."""
+        print(f"A run of {type(self).__name__} {how} (topic {self.topic}), its steps:")
+        for line in self.steps:
+            print(f"  {line}")
 
     def _deliver_and_check(self) -> None:
         """Network healed: everything is delivered, and a reader finds it as the model
@@ -607,6 +630,10 @@ _COMMON: dict[str, Any] = {
     "deadline": None,
     "database": None,
     "suppress_health_check": [HealthCheck.too_slow],
+    # No shrinking: a run costs seconds of real broker time and its failures hang on
+    # races, which a replay rarely repeats (shrinking one ran into hypothesis' 5-minute
+    # limit, then reported it flaky). A failed run prints its own steps (teardown).
+    "phases": (Phase.explicit, Phase.generate),
 }
 
 
