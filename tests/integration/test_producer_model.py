@@ -488,18 +488,31 @@ class ProducerModel(RuleBasedStateMachine):
             assert s["undelivered"] == s["buffered"] + s["spool_records"], s
         else:
             assert s["undelivered"] >= s["buffered"] + s["spool_records"], s
-        check = check_spool_dir(self.spool_dir)
-        assert check.ok, "\n".join(check.problems)
-        own = next(c for c in check.slots if c.slot == 0)
-        again = p.stats()
-        if own.records is not None and all(again[k] == s[k] for k in COUNTED):
+        self._spool_on_disk(s)
+        event(f"state {s['state']}")
+        self.ok = True
+
+    def _spool_on_disk(self, s: dict[str, Any]) -> None:
+        """The spool dir passes the check, and slot 0 holds ``spool_records`` rows above
+        its watermark. The rows are compared with a snapshot that is settled before the
+        check and again after it: a commit the pump makes during the check shows on disk
+        before its gauges move (its thread waits for the GIL meanwhile: seen once, 32 rows
+        on disk, 18 in the gauge, 14 "in memory"). Three tries, then not compared."""
+        for _ in range(3):
+            check = check_spool_dir(self.spool_dir)
+            assert check.ok, "\n".join(check.problems)
+            own = next(c for c in check.slots if c.slot == 0)
+            after = _settled(self.p)
+            if own.records is None or any(after[k] != s[k] for k in COUNTED):
+                s = after
+                continue
             assert own.records == s["spool_records"], (
                 f"slot 0 holds {own.records} row(s) above its watermark (seqs {own.seq_range}), "
                 f"stats() says spool_records={s['spool_records']}: "
                 f"{[str(f) for f in own.findings]}; {s}"
             )
-        event(f"state {s['state']}")
-        self.ok = True
+            return
+        event("spool rows not compared: the producer moved during each check")
 
     # -- the end ---------------------------------------------------------------------
 
