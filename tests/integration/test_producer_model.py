@@ -24,8 +24,9 @@ After every step, from the public contract only (``stats()``, the spool on disk 
   the pump moves records). So the identity is checked on a *settled* snapshot: two
   ``stats()`` reads 50 ms apart that agree on every count (``_settled``); the pump
   finishes such a move within a few bytecodes, far less than that. On the same snapshot:
-  ``undelivered == buffered + spool_records`` when no free slot is being drained, and the
-  spool's rows on disk (slot 0) equal ``spool_records``.
+  ``undelivered == buffered + spool_records`` when no free slot is being drained; and the
+  spool's rows on disk (slot 0) equal ``spool_records`` when the snapshot is the same
+  again, settled, after the check of the disk.
 
 ``flush(t)`` returns ``left``: right after it, ``undelivered`` (settled) is at most
 ``left`` (nothing new is sent meanwhile, and records only move towards Kafka: the
@@ -41,7 +42,8 @@ hold exactly the seqs ``[first, next_seq)``); a ``(producer, seq)`` never names 
 values nor a value two identities; nothing the model did not accept; per producer id,
 no more duplicates than its instances' ``possible_duplicates`` (a child that left
 records for a drain: its drain's count is not public, the bound is not checked); and
-per-partition order of first occurrences, but after unconfirmed acknowledgements.
+per partition, first occurrences in seq order (``check_delivery``'s order, the fault
+tests' too), but for a producer id with unconfirmed acknowledgements or a drain.
 
 ``test_producer_model`` runs a few short examples in the main suite;
 ``test_producer_model_long`` (marked ``fault``) runs more and longer ones. A run that
@@ -93,9 +95,11 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
 ]
 
-#: The producer under test: fault-test probes, a stall noticed after 1.5 s, a small memory
-#: buffer (send() waits for the pump to spill it while Kafka is away) and small replay
-#: batches (an outage's spool goes back in several batches, deleted by watermark).
+#: The producer under test: fault-test probes, a stall noticed after 1.5 s, small replay
+#: batches (an outage's spool goes back in several batches, deleted by watermark) and a
+#: small memory buffer: ``buffer_max_records`` also sizes librdkafka's queue, so a few
+#: hundred records from the sender threads fill both, and send() waits for room
+#: (``when_full="block"``), ONLINE as well as while Kafka is away.
 PRODUCER: dict[str, Any] = {
     **FAST,
     "stall_timeout_s": 1.5,
@@ -496,8 +500,9 @@ class ProducerModel(RuleBasedStateMachine):
         """The spool dir passes the check, and slot 0 holds ``spool_records`` rows above
         its watermark. The rows are compared with a snapshot that is settled before the
         check and again after it: a commit the pump makes during the check shows on disk
-        before its gauges move (its thread waits for the GIL meanwhile: seen once, 32 rows
-        on disk, 18 in the gauge, 14 "in memory"). Three tries, then not compared."""
+        before its gauges move (seen once: 32 rows on disk, 18 in the gauge and 14 still
+        counted in memory, with stats() the same before the check and right after it).
+        Three tries, then not compared."""
         for _ in range(3):
             check = check_spool_dir(self.spool_dir)
             assert check.ok, "\n".join(check.problems)
