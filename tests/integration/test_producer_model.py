@@ -669,5 +669,5 @@ def test_producer_model_long(broker_factory: Callable[..., EmbeddedBroker]) -> N
     """The same model, more and longer runs (the fault suite)."""
     _run(
         broker_factory(proxy=True),
-        settings(max_examples=25, stateful_step_count=25, **_COMMON),
+        settings(max_examples=20, stateful_step_count=25, **_COMMON),
     )
