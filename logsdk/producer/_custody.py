@@ -16,8 +16,8 @@ Invariants owned here:
   (acknowledged, spooled, dropped or refused): :meth:`Custody.release`.
 
 Owner: the pump thread (``owner``: the pump's), for ``failed``, ``rejects``, the spool
-commits and ``spooled``; the send path calls :meth:`enqueue_full`, :meth:`shm_full` and
-:meth:`release` with the send lock held. ``spool_full`` and ``shm_pressure`` are published
+commits and ``spooled``; the send path calls :meth:`accept_in_turn` and :meth:`release`
+with the send lock held. ``spool_full`` and ``shm_pressure`` are published
 flags: the pump writes ``spool_full``, send() raises ``shm_pressure`` and the pump lowers it.
 """
 
@@ -83,38 +83,110 @@ class Custody:
 
     # -- the send path (caller holds the send lock) ------------------------------------
 
-    def enqueue_full(self, rec: Rec) -> None:
-        """The backlog or the spool is full: apply ``when_full`` to ``rec`` (send path)."""
-        cfg, gate = self._config, self._gate
-        backlog = gate.backlog
-        full = len(backlog) >= cfg.buffer_max_records or (
-            self.spool_full and cfg.when_full in ("block", "raise")
-        )
-        if full:
-            policy = cfg.when_full
-            if policy == "drop_newest":
-                self._counts.add("dropped")  # accepted (counted in sent by the caller)
-                self.release(rec)
-                return
-            if policy == "drop_oldest":
-                if len(backlog) >= cfg.buffer_max_records:
-                    self.release(backlog.popleft())
-                    self._counts.add("dropped")
-                backlog.append(rec)
-                return
-            if policy == "raise":
-                # The spool at its cap is SpoolFullError; memory full alone, its parent.
-                raise (SpoolFullError if self.spool_full else BufferFullError)(self._full_reason())
-            deadline = time.monotonic() + cfg.max_block_s
-            while (len(backlog) >= cfg.buffer_max_records or self.spool_full) and not gate.closing:
+    def accept_in_turn(self, rec: Rec, need_ring: bool) -> bool:
+        """send()'s slow path (the send lock held): the ring, the backlog or the spool has
+        no room, or other senders wait for room. ``need_ring``: ``rec`` is not in the shm
+        ring yet (the ring was full, or others wait). Applies ``when_full``.
+
+        True: ``rec`` is in the ring (if there is one), nobody waits before it, and there
+        is room: the caller goes on as any sender (produces directly, or appends to the
+        backlog). False: done here: appended to the backlog, or dropped (counted in
+        ``sent`` and ``dropped``). Raises when the policy refuses it.
+
+        ``drop_newest`` and ``raise`` never wait, nor does ``drop_oldest`` on a full
+        backlog (it drops the oldest record); ``block``, and ``drop_oldest`` on a full
+        ring, wait up to ``max_block_s`` while the pump makes room. A sender that waits
+        takes its turn in seq order (``Gate.waiters``): every later sender queues behind
+        it, and the pump does not turn on direct sends while anyone waits, so records
+        reach Kafka in send order (waiters appended in the order they woke up, a sender
+        arriving meanwhile went ahead of them, and a waiter's record could stay in the
+        backlog behind direct sends for good)."""
+        cfg, gate, ring = self._config, self._gate, self._ring
+        policy = cfg.when_full
+        need_ring = need_ring and ring is not None
+        if policy in ("drop_newest", "raise") or (policy == "drop_oldest" and not need_ring):
+            return self._at_once(rec, need_ring)
+        backlog, waiters, seq = gate.backlog, gate.waiters, rec[5]
+        waiters.append(seq)  # in seq order: the seq was taken under the lock just now
+        deadline = time.monotonic() + cfg.max_block_s
+        go_on = True
+        try:
+            while True:
+                if waiters[0] == seq:
+                    if need_ring:
+                        need_ring = not ring.put(rec)  # type: ignore[union-attr]
+                        if need_ring:
+                            self.shm_pressure = True
+                    if not need_ring and (
+                        policy == "drop_oldest"
+                        or (len(backlog) < cfg.buffer_max_records and not self.spool_full)
+                    ):
+                        break
+                if gate.closing:
+                    if need_ring:
+                        raise ProducerClosedError(
+                            "the producer is closed; it accepts no more records"
+                        )
+                    go_on = False  # in the ring (or none): accepted, close() spools it
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise BufferFullError(
-                        f"{self._full_reason()}; waited max_block_s={cfg.max_block_s}"
+                    reason = (
+                        f"shm ring full (shm_bytes={ring.capacity})"  # type: ignore[union-attr]
+                        if need_ring
+                        else self._full_reason()
                     )
+                    raise BufferFullError(f"{reason}; waited max_block_s={cfg.max_block_s}")
                 self._wake.set()
                 gate.space.wait(min(left, 0.05))
+        except BaseException:
+            waiters.remove(seq)
+            gate.space.notify_all()  # the next in line may go
+            if not need_ring:
+                self.release(rec)  # in the ring, and refused: not in custody
+            raise
+        waiters.remove(seq)  # the first (or, when closing, anywhere)
+        gate.space.notify_all()  # the next in line may go
+        self._wake.set()
+        if go_on and (len(backlog) < cfg.buffer_max_records and not self.spool_full):
+            return True
+        if len(backlog) >= cfg.buffer_max_records and policy == "drop_oldest":
+            self.release(backlog.popleft())
+            self._counts.add("dropped")
         backlog.append(rec)
+        gate.sent += 1
+        return False
+
+    def _at_once(self, rec: Rec, need_ring: bool) -> bool:
+        """``when_full`` for a policy that does not wait (see :meth:`accept_in_turn`)."""
+        cfg, gate = self._config, self._gate
+        policy = cfg.when_full
+        if need_ring:  # the ring is full (and nobody waits: these policies never do)
+            self.shm_pressure = True
+            self._wake.set()
+            if policy == "raise":
+                raise BufferFullError(f"shm ring full (shm_bytes={self._ring.capacity})")  # type: ignore[union-attr]
+            gate.sent += 1  # drop_newest: accepted, then dropped
+            self._counts.add("dropped")
+            return False
+        backlog = gate.backlog
+        memory_full = len(backlog) >= cfg.buffer_max_records
+        if not memory_full and not self.spool_full:
+            return True  # room after all: the caller appends
+        if policy == "raise":
+            self.release(rec)  # refused: not in custody
+            # The spool at its cap is SpoolFullError; memory full alone, its parent.
+            raise (SpoolFullError if self.spool_full else BufferFullError)(self._full_reason())
+        if policy == "drop_newest":
+            self.release(rec)
+            self._counts.add("dropped")
+        else:  # drop_oldest: the spool's cap is applied when the backlog is committed
+            if memory_full:
+                self.release(backlog.popleft())
+                self._counts.add("dropped")
+            backlog.append(rec)
+        gate.sent += 1
+        return False
 
     def _full_reason(self) -> str:
         if self.spool_full:
@@ -123,38 +195,6 @@ class Custody:
                 f"{self._config.spool_max_bytes})"
             )
         return f"memory buffer full (buffer_max_records={self._config.buffer_max_records})"
-
-    def shm_full(self, rec: Rec) -> Rec | None:
-        """The ring has no room for ``rec`` (send path): apply ``when_full``.
-
-        ``drop_newest`` drops the record (None; counted as sent and dropped), ``raise``
-        raises :class:`BufferFullError`; ``block`` and ``drop_oldest`` wait up to
-        ``max_block_s`` while the pump makes room. Returns the record once it is in the
-        ring (its seq was taken before the wait, so no other sender can reuse it).
-        """
-        cfg, ring, gate = self._config, self._ring, self._gate
-        assert ring is not None
-        self.shm_pressure = True
-        self._wake.set()
-        reason = f"shm ring full (shm_bytes={ring.capacity})"
-        if cfg.when_full == "drop_newest":
-            gate.sent += 1
-            self._counts.add("dropped")
-            return None
-        if cfg.when_full == "raise":
-            raise BufferFullError(reason)
-        deadline = time.monotonic() + cfg.max_block_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BufferFullError(f"{reason}; waited max_block_s={cfg.max_block_s}")
-            gate.space.wait(min(left, 0.05))
-            if gate.closing:
-                raise ProducerClosedError("the producer is closed; it accepts no more records")
-            if ring.put(rec):
-                return rec
-            self.shm_pressure = True
-            self._wake.set()
 
     def release(self, rec: Rec) -> None:
         """``rec`` left custody (acknowledged, spooled, dropped or refused): free its slot."""
@@ -326,17 +366,14 @@ class Custody:
         self._alarm.ok("write")
         return True
 
-    def unsettled(self) -> int:
+    def held(self) -> int:
         """Records in custody's memory: neither in librdkafka, nor committed to the spool,
-        nor dropped (any thread). Kafka's refusals wait in ``rejects`` until the rejected
-        table holds them."""
-        gate = self._gate
-        with gate.lock:
-            held = len(gate.backlog) + self.in_transit + len(self.failed)
-        return held + len(self.rejects)
+        nor dropped, nor refused by Kafka (``rejects``: see :meth:`unsettled`). The caller
+        holds the send lock (a batch moves between the backlog, ``in_transit`` and the
+        client under it)."""
+        return len(self._gate.backlog) + self.in_transit + len(self.failed)
 
-    def in_memory(self) -> int:
-        """Records in custody's memory but for the refused ones (for stats())."""
-        gate = self._gate
-        with gate.lock:
-            return len(gate.backlog) + self.in_transit + len(self.failed)
+    def unsettled(self) -> int:
+        """:meth:`held`, and Kafka's refusals waiting in ``rejects`` until the rejected
+        table holds them (the caller holds the send lock)."""
+        return self.held() + len(self.rejects)

@@ -35,6 +35,7 @@ class Gate:
         "seq_next",
         "seq_waits",
         "space",
+        "waiters",
     )
 
     def __init__(self, seq_next: int, seq_limit: int) -> None:
@@ -51,6 +52,10 @@ class Gate:
         #: Records accepted and not handed to librdkafka, in send order: send() appends,
         #: the pump takes from the head (into the client, or into the spool).
         self.backlog: collections.deque[Rec] = collections.deque()
+        #: The seqs of senders waiting for room (ring, backlog, spool), in seq order: each
+        #: takes its turn in that order, every later sender queues behind them, and
+        #: ``direct`` stays off while any waits (``Custody.accept_in_turn``).
+        self.waiters: collections.deque[int] = collections.deque()
         #: The next record's seq; seqs below ``seq_limit`` are reserved on disk (the pump
         #: raises it ahead of need: logsdk.producer._identity).
         self.seq_next = seq_next

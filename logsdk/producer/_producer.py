@@ -298,7 +298,7 @@ class LogProducer:
                     mine = pump.state is State.ONLINE and flight.client is None
                     if mine:
                         flight.install(client)
-                        if not gate.backlog:
+                        if not gate.backlog and not gate.waiters:
                             gate.direct = True
                 if not mine:
                     del client
@@ -376,12 +376,12 @@ class LogProducer:
                     timestamp = time.time_ns() // 1_000_000
                 rec: Rec = (topic, k, v, h, timestamp, seq)
                 shm = self._shm
-                # Ring full: wait for room, or raise/drop per when_full (None: dropped).
+                # Others wait for room, or the ring is full: wait for a turn behind them,
+                # in send order (or drop, or raise, per when_full).
                 if (
-                    shm is not None
-                    and not shm.put_fields(topic, k, v, h, timestamp, seq)
-                    and self._custody.shm_full(rec) is None
-                ):
+                    gate.waiters
+                    or (shm is not None and not shm.put_fields(topic, k, v, h, timestamp, seq))
+                ) and not self._custody.accept_in_turn(rec, need_ring=True):
                     return
                 if gate.direct:
                     # InFlight.produce() inlined: this is the hot path.
@@ -414,16 +414,12 @@ class LogProducer:
                     else:
                         gate.sent += 1
                         return
-                backlog = gate.backlog
-                if len(backlog) < self._custody.backlog_max and not self._custody.spool_full:
-                    backlog.append(rec)  # enqueue_full() is for a full backlog or spool
-                else:
-                    try:
-                        self._custody.enqueue_full(rec)
-                    except BaseException:
-                        self._custody.release(rec)  # refused: not in custody
-                        raise
-                gate.sent += 1
+                custody = self._custody
+                if (
+                    len(gate.backlog) < custody.backlog_max and not custody.spool_full
+                ) or custody.accept_in_turn(rec, need_ring=False):  # a full backlog or spool
+                    gate.backlog.append(rec)
+                    gate.sent += 1
             except BaseException as exc:
                 # Only a refusal of ours (a LogSDKError, raised before the record reached
                 # the client or the buffer) gives its seq back. Any other exception, such as
@@ -516,8 +512,15 @@ class LogProducer:
                 self._done.wait(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def _unsettled(self) -> int:
-        """Records neither acknowledged nor committed to the spool (nor dropped/rejected)."""
-        return self._custody.unsettled() + self._flight.outstanding()
+        """Records neither acknowledged nor committed to the spool (nor dropped/rejected).
+
+        Read under the send lock (the backlog moves into the client under it), the records
+        in librdkafka first: a failed one reaches custody before its ticket is freed, so a
+        record moving between the two while they are read is counted twice, never not at
+        all."""
+        with self._gate.lock:
+            outstanding = self._flight.outstanding()
+            return outstanding + self._custody.unsettled()
 
     def _undelivered(self) -> int:
         """Records accepted and not yet acknowledged by Kafka: in memory or in the spool,
@@ -680,7 +683,8 @@ class LogProducer:
         )  # fmt: skip
         with gate.lock:
             sent, seq_next, seq_waits = gate.sent, gate.seq_next, gate.seq_waits
-        outstanding = flight.outstanding()
+            outstanding = flight.outstanding()
+            held = self._custody.held()
         out: dict[str, Any] = {
             "state": pump.state.value,
             "producer_id": self.producer_id,
@@ -692,7 +696,7 @@ class LogProducer:
             "replayed": replay.replayed,
             "dropped": counts["dropped"],
             "rejected": counts["rejected"],
-            "buffered": self._custody.in_memory() + outstanding,
+            "buffered": held + outstanding,
             "in_flight": outstanding + len(replay.inflight),
             "spool_records": self._spool.count,
             "spool_bytes": self._spool.bytes,

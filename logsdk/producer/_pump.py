@@ -348,7 +348,9 @@ class Pump:
                 if not self._produce_backlog_rec(backlog[0]):
                     return True
                 backlog.popleft()
-            gate.direct = True
+            # Senders waiting for their turn go through the backlog first (send order):
+            # drain_backlog_to_client() turns direct on once none waits.
+            gate.direct = not gate.waiters
             self.transition(Event.DRAINED, "spool drained")
             gate.space.notify_all()
         return False
@@ -367,7 +369,7 @@ class Pump:
         with gate.lock:
             backlog = gate.backlog
             if gate.direct or not backlog:
-                if not gate.direct and not backlog:
+                if not gate.direct and not backlog and not gate.waiters:
                     gate.direct = True
                 return False
             if len(backlog) > self._config.buffer_max_records:
@@ -377,7 +379,9 @@ class Pump:
                 if not self._produce_backlog_rec(backlog[0]):
                     return False
                 backlog.popleft()
-            gate.direct = True
+            # A sender waiting for its turn goes through the backlog (send order): direct
+            # only once none waits (then the next step turns it on).
+            gate.direct = not gate.waiters
             gate.space.notify_all()
         return False
 

@@ -122,8 +122,8 @@ def test_drop_policies_on_a_full_backlog_count_each_drop_and_keep_send_order(
     p = make_parts(when_full=policy, buffer_max_records=3)
     queue(p, [1, 2, 3])
     with p.gate.lock:
-        p.custody.enqueue_full(rec(4))
-        p.custody.enqueue_full(rec(5))
+        p.custody.accept_in_turn(rec(4), need_ring=False)
+        p.custody.accept_in_turn(rec(5), need_ring=False)
     assert backlog(p) == left
     assert p.counts["dropped"] == 2
 
@@ -133,7 +133,7 @@ def test_raise_on_a_full_backlog_refuses_the_record(make_parts: Callable[..., Pa
     p = make_parts(when_full="raise", buffer_max_records=3)
     queue(p, [1, 2, 3])
     with p.gate.lock, pytest.raises(BufferFullError, match="memory buffer full"):
-        p.custody.enqueue_full(rec(4))
+        p.custody.accept_in_turn(rec(4), need_ring=False)
     assert backlog(p) == [1, 2, 3]
     assert p.counts["dropped"] == 0
 
@@ -147,7 +147,7 @@ def test_block_on_a_full_backlog_gives_up_after_max_block_s(
     queue(p, [1, 2, 3])
     p.requests.wake.clear()
     with p.gate.lock, pytest.raises(BufferFullError, match=r"waited max_block_s=0\.02"):
-        p.custody.enqueue_full(rec(4))
+        p.custody.accept_in_turn(rec(4), need_ring=False)
     assert p.requests.wake.is_set()
     assert backlog(p) == [1, 2, 3]
     assert p.counts["dropped"] == 0
@@ -157,7 +157,8 @@ def test_block_on_a_full_backlog_goes_on_when_the_pump_makes_room(
     make_parts: Callable[..., Parts],
 ) -> None:
     """``block``: a sender waiting for room is let in as soon as the pump takes the head
-    (it wakes the pump, which notifies): the record goes behind the others."""
+    (it wakes the pump, which notifies): told to go on (True), it appends its record
+    behind the others, as send() does."""
     p = make_parts(when_full="block", buffer_max_records=3, max_block_s=30.0)
     queue(p, [1, 2, 3])
     p.requests.wake.clear()
@@ -172,10 +173,12 @@ def test_block_on_a_full_backlog_goes_on_when_the_pump_makes_room(
     t = threading.Thread(target=pump, name="pump-stand-in")
     t.start()
     with p.gate.lock:
-        p.custody.enqueue_full(rec(4))
+        assert p.custody.accept_in_turn(rec(4), need_ring=False)
+        p.gate.backlog.append(rec(4))
     t.join(30)
     assert taken == [1]
     assert backlog(p) == [2, 3, 4]
+    assert not p.gate.waiters
     assert p.counts["dropped"] == 0
 
 
@@ -228,7 +231,7 @@ def test_raise_and_block_refuse_new_records_while_the_spool_is_full(
     p.custody.spool_pending(0)
     assert p.custody.spool_full
     with p.gate.lock, pytest.raises(error, match="spool is full"):
-        p.custody.enqueue_full(rec(4))
+        p.custody.accept_in_turn(rec(4), need_ring=False)
     assert seqs_of(p.spool) == [1, 2]
     assert backlog(p) == [3]
     assert p.counts["dropped"] == 0
@@ -242,7 +245,7 @@ def test_raise_with_memory_full_is_a_buffer_error_not_a_spool_one(
     p = make_parts(when_full="raise", buffer_max_records=2)
     queue(p, [1, 2])
     with p.gate.lock, pytest.raises(BufferFullError, match="memory buffer full") as info:
-        p.custody.enqueue_full(rec(3))
+        p.custody.accept_in_turn(rec(3), need_ring=False)
     assert not isinstance(info.value, SpoolFullError)
     assert backlog(p) == [1, 2]
 
