@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +43,7 @@ from pyspark.sql.types import StructType
 
 from logsdk.consumer import Record, TransactionalHandler
 from logsdk.errors import FencedError, SinkError, SparkSourceError
+from spark_sink._staging import PREFIX, Staging
 
 log = logging.getLogger("spark_sink")
 
@@ -65,6 +65,7 @@ _SINK_OPTIONS = (
     "sinkid",
     "stagingdir",
 )
+# Options of the staging filesystem start with this (spark_sink._staging).
 # Options Spark itself passes on to a sink.
 _SPARK_OWN = ("checkpointlocation", "path", "queryname")
 #: SQLite's ``PRAGMA synchronous`` levels, as SQLiteSink takes them.
@@ -219,18 +220,19 @@ class SinkOptions:
 
     handler: str
     sink_id: str | None
-    staging_dir: Path
+    staging: Staging
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
         """Check the options; raise :class:`SparkSourceError` naming a bad one."""
         opts = {str(k).lower(): str(v) for k, v in options.items()}
         for key in opts:
-            if key not in _SINK_OPTIONS and key not in _SPARK_OWN:
+            if key not in _SINK_OPTIONS and key not in _SPARK_OWN and not key.startswith(PREFIX):
                 raise SparkSourceError(
                     f"unknown option {key!r} for logsdk-sink; known options: handler "
                     "(from spark_sink.encode_handler), sqlite.path, sqlite.table, "
-                    "sqlite.dedupe, sqlite.synchronous, sinkId, stagingDir"
+                    "sqlite.dedupe, sqlite.synchronous, sinkId, stagingDir, staging.* "
+                    "(the staging filesystem's options)"
                 )
         if ("handler" in opts) == ("sqlite.path" in opts):
             raise SparkSourceError("give exactly one of the options handler or sqlite.path")
@@ -272,8 +274,10 @@ class SinkOptions:
             raise SparkSourceError(
                 f"option sinkId must be 1-200 characters of [A-Za-z0-9._-], got {sink_id!r}"
             )
-        staging = Path(opts.get("stagingdir") or Path(tempfile.gettempdir()) / "logsdk-spark")
-        return SinkOptions(handler, sink_id, staging.absolute())
+        where = opts.get("stagingdir") or str(Path(tempfile.gettempdir()) / "logsdk-spark")
+        staging = Staging.parse(where, opts)
+        staging.check()  # a root the driver cannot write fails at start()
+        return SinkOptions(handler, sink_id, staging)
 
 
 @dataclass
@@ -293,9 +297,6 @@ class HandlerStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
-    def _batch_dir(self, sink_id: str, batch_id: int) -> Path:
-        return self.options.staging_dir / sink_id / f"batch-{batch_id}"
-
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedBatch:
         """Write this task's rows to a staging file named by sink, batch, partition, attempt."""
         ctx = TaskContext.get()
@@ -307,26 +308,11 @@ class HandlerStreamWriter(DataSourceStreamArrowWriter):
         sink_id = self.options.sink_id or ctx.getLocalProperty("sql.streaming.queryId")
         if batch is None or sink_id is None:
             raise SinkError("logsdk-sink is a streaming sink: use df.writeStream, not df.write")
-        batch_id = int(batch)
-        folder = self._batch_dir(sink_id, batch_id)
-        folder.mkdir(parents=True, exist_ok=True)
+        staging = self.options.staging
+        folder = staging.batch_dir(sink_id, int(batch))
         name = f"part-{ctx.partitionId()}-{ctx.attemptNumber()}-{uuid.uuid4().hex[:8]}.arrow"
-        tmp = folder / (name + ".tmp")
-        rows = 0
-        writer: pa.ipc.RecordBatchStreamWriter | None = None
-        try:
-            for batch in iterator:
-                if writer is None:
-                    writer = pa.ipc.new_stream(str(tmp), batch.schema)
-                writer.write_batch(batch)
-                rows += batch.num_rows
-        finally:
-            if writer is not None:
-                writer.close()
-        if writer is None:
-            return StagedBatch(None, 0, sink_id, ctx.partitionId())
-        os.replace(tmp, folder / name)
-        return StagedBatch(str(folder / name), rows, sink_id, ctx.partitionId())
+        path, rows = staging.write(folder, name, iter(iterator))
+        return StagedBatch(path or None, rows, sink_id, ctx.partitionId())
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Apply the batch through the handler (once per batch id), then drop its files."""
@@ -335,18 +321,15 @@ class HandlerStreamWriter(DataSourceStreamArrowWriter):
         if sink_id is None:
             return  # no task ran: nothing to apply and no sink id to record it under
         handler = _decode_handler(self.options.handler)
+        staging = self.options.staging
         try:
             files = [(m.path, m.task) for m in staged if m.path is not None]
-            apply_batch(handler, sink_id, batchId, lambda: _load(files, sink_id, batchId))
+            apply_batch(handler, sink_id, batchId, lambda: _load(staging, files, sink_id, batchId))
         finally:
             _close(handler)
         # Applied (or found applied): this batch's files and any left by older
         # aborted attempts are garbage now.
-        root = self.options.staging_dir / sink_id
-        for folder in root.glob("batch-*"):
-            tail = folder.name[len("batch-") :]
-            if tail.isdigit() and int(tail) <= batchId:
-                shutil.rmtree(folder, ignore_errors=True)
+        staging.drop_through(sink_id, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Roll the handler back and drop the staged files that can be named."""
@@ -356,15 +339,16 @@ class HandlerStreamWriter(DataSourceStreamArrowWriter):
         finally:
             _close(handler)
         for sink_id in {m.sink_id for m in messages if isinstance(m, StagedBatch)}:
-            shutil.rmtree(self._batch_dir(sink_id, batchId), ignore_errors=True)
+            self.options.staging.drop(self.options.staging.batch_dir(sink_id, batchId))
 
 
-def _load(files: list[tuple[str, int]], sink_id: str, batch_id: int) -> list[Record]:
+def _load(
+    staging: Staging, files: list[tuple[str, int]], sink_id: str, batch_id: int
+) -> list[Record]:
     """The records of a batch's staged files, given as (path, task's partition id)."""
     records: list[Record] = []
     for path, task in files:
-        with pa.OSFile(path, "rb") as f:
-            table = pa.ipc.open_stream(f).read_all()
+        table = staging.read(path)
         records.extend(records_from_arrow(table, sink_id, batch_id=batch_id, task=task))
     return records
 
@@ -382,7 +366,9 @@ class HandlerSink(DataSource):
     ``sqlite.table``, ``sqlite.dedupe``, ``sqlite.synchronous``: OFF, NORMAL (the
     default), FULL or EXTRA) for :class:`~logsdk.sinks.SQLiteSink`;
     ``sinkId`` (default: the query id); ``stagingDir`` (default: the temp dir; on a
-    cluster it must be a filesystem the executors and the driver share).
+    cluster, storage the executors and the driver share: an ``s3://``, ``gs://`` or
+    ``hdfs://`` URI) and ``staging.*``, its filesystem's options (see
+    :mod:`spark_sink._staging`).
     """
 
     def __init__(self, options: dict[str, str]) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +46,81 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A real S3 API server (moto's, in a child process) with one bucket."""
+
+    endpoint: str
+    bucket: str
+    #: What a client needs in its environment (the usual AWS chain).
+    env: dict[str, str]
+
+    def uri(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The sink options that point a staging URI at this server (no credentials)."""
+        return {"staging.endpoint_override": self.endpoint, "staging.region": "us-east-1"}
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "logsdk-test",
+    "AWS_SECRET_ACCESS_KEY": "logsdk-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3 server on a free port, a bucket ``staging``; credentials in os.environ
+    (the driver's chain; Spark executors started after this inherit them)."""
+    from logsdk.testing._broker import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from moto.server import main; main()",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **S3_ENV},
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                req = urllib.request.Request(f"{endpoint}/staging", method="PUT")
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto's S3 server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        saved = {k: os.environ.get(k) for k in S3_ENV}
+        os.environ.update(S3_ENV)
+        try:
+            yield S3Server(endpoint, "staging", dict(S3_ENV))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -17,7 +17,9 @@ from pyspark.sql import functions as F
 from logsdk.testing import delete_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from spark_sink import encode_handler, set_active
+from spark_sink._staging import Staging
 from tests.consumer_helpers import produce
+from tests.spark.conftest import S3Server
 from tests.spark.helpers import (
     QUERY_TIMEOUT,
     RecordingSink,
@@ -230,3 +232,29 @@ def test_new_topics_matching_the_pattern_are_picked_up(
         stored_rows(db),
         {(first, 0): 500, (first, 1): 500, **{(second, p): 300 for p in range(3)}},
     )
+
+
+def test_staging_on_s3_is_exact_and_left_empty(
+    spark: Any,
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    s3_server: S3Server,
+) -> None:
+    """stagingDir on an S3 server (credentials as staging.* options here: this session's
+    workers started before the server's credentials were in the environment): 3 batches
+    stored exactly once, and no staged object left."""
+    topic = fresh_topic(2)
+    produce(kafka_broker.client_config("producer"), topic, 3000, partitions=2)
+    db, ckpt = tmp_path / "sink.db", tmp_path / "ckpt"
+    uri = s3_server.uri(f"local-{tmp_path.name}")
+    creds = {
+        "staging.access_key": s3_server.env["AWS_ACCESS_KEY_ID"],
+        "staging.secret_key": s3_server.env["AWS_SECRET_ACCESS_KEY"],
+    }
+    df = source(spark, kafka_broker, topic, maxOffsetsPerTrigger="1000")
+    options = {"sqlite.path": str(db), "sinkId": "s3", "stagingDir": uri}
+    run_available_now(df, ckpt, **options, **s3_server.options, **creds)
+    assert_exactly(stored_rows(db), {(topic, 0): 1500, (topic, 1): 1500})
+    assert next_batch(db, "s3") == 3
+    assert Staging.parse(uri, {**s3_server.options, **creds}).listing() == []
