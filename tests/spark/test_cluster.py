@@ -1,0 +1,242 @@
+"""Spark on a standalone cluster: a master and two workers (one core each, their own work
+directories), the driver in its own process started by the docs' ``spark-submit`` line,
+executors in other JVMs and Python workers, the staging area on an S3 server."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logsdk import LogProducer
+from logsdk.testing import EmbeddedBroker, create_topic, read_topic
+from spark_sink._staging import Staging
+from spark_sink.standalone import StandaloneCluster
+from tests.conftest import FAST, wait_until
+from tests.spark.conftest import S3Server, spark_missing
+from tests.spark.helpers import assert_exactly, next_batch, stored_rows
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.spark_cluster,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs" / "spark.md"
+RECORDS = 200_000
+PARTITIONS = 4
+
+
+def docs_submit_line() -> list[str]:
+    """The ``spark-submit`` line of docs/spark.md ("Running on a cluster"), as words."""
+    text = DOCS.read_text()
+    block = re.search(r"<!-- cluster-submit -->\n```bash\n(.*?)```", text, re.DOTALL)
+    assert block, "docs/spark.md lost its cluster-submit block"
+    return shlex.split(block.group(1).replace("\\\n", " "))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) -> Iterator[Any]:
+    """Two workers, one core and 1 GiB each; executors get the S3 credentials in their
+    environment (the usual chain), as an instance role or a secret would give them."""
+    reason = spark_missing()
+    if reason:
+        pytest.skip(reason)
+    with StandaloneCluster(
+        tmp_path_factory.mktemp("cluster"),
+        workers=2,
+        cores=1,
+        memory="1g",
+        executor_env=s3_server.env,
+    ) as c:
+        yield c
+
+
+class Job:
+    """The docs' job, submitted to the cluster: its words, and its driver process."""
+
+    def __init__(self, cluster: StandaloneCluster, words: list[str], log: Path) -> None:
+        self.cluster, self.words, self.log = cluster, words, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra: str) -> None:
+        env = {**self.cluster.env(), "PYTHONPATH": str(REPO)}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [*self.words, *extra],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # the driver's JVM and Python workers die with it
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(60)
+
+    def run(self, *extra: str, timeout: float) -> None:
+        self.start(*extra)
+        assert self.proc is not None
+        try:
+            rc = self.proc.wait(timeout)
+        finally:
+            self.kill()
+        assert rc == 0, f"the job exited with {rc}: {self.tail()}"
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def submit_words(
+    cluster: StandaloneCluster,
+    s3: S3Server,
+    bootstrap: str,
+    topic: str,
+    tmp: Path,
+) -> list[str]:
+    """The docs' line with this cluster, broker, bucket and paths in place of the
+    placeholders; the cluster's own settings (log levels, addresses, the executors'
+    environment) after ``spark-submit``; the S3 server's endpoint as a staging option."""
+    words = docs_submit_line()
+    swap = {
+        "spark://spark-master:7077": cluster.master_url,
+        "spark.pyspark.python=/opt/logsdk-venv/bin/python": (
+            f"spark.pyspark.python={sys.executable}"
+        ),
+        "kafka-1:9092": bootstrap,
+        "app-logs": topic,
+        "/shared/logsdk/checkpoints": str(tmp / "ckpt"),
+        "s3://logsdk-staging/app-logs": s3.uri(f"cluster-{tmp.name}"),
+        "/var/lib/logsdk/app-logs.db": str(tmp / "sink.db"),
+    }
+    for old, new in swap.items():
+        assert old in words, f"{old!r} is no longer in the docs' line"
+        words[words.index(old)] = new
+    assert words[0] == "spark-submit"
+    own = cluster.submit_args()[1:]  # --master URL --conf ...: the master is the docs'
+    words = [cluster.submit_args()[0], *own[2:], *words[1:]]
+    return [
+        *words,
+        "--staging-option",
+        f"endpoint_override={s3.endpoint}",
+        "--staging-option",
+        "region=us-east-1",
+    ]
+
+
+def produce_with_outage(broker: EmbeddedBroker, topic: str, spool: Path) -> str:
+    """RECORDS records through a LogProducer, the network cut in the middle; returns its id."""
+    p = LogProducer(broker.bootstrap_servers, topic, spool, **FAST)
+    try:
+        for i in range(RECORDS):
+            p.send(b"%d" % i, key=b"%d" % (i % 64))
+            if i == RECORDS // 2:
+                broker.cut()
+                wait_until(lambda: p.stats()["state"] == "DEGRADED", 30, "degraded by the cut")
+            if i == RECORDS // 2 + 20_000:
+                broker.heal()
+        assert p.flush(180) == 0
+    finally:
+        p.close(10)
+    return p.producer_id
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
+    """Each partition's end, from its records read (every offset below it is a record)."""
+    ends = dict.fromkeys(((topic, p) for p in range(PARTITIONS)), 0)
+    for m in read_topic(bootstrap, topic, timeout=180):
+        key = (topic, m.partition() or 0)
+        ends[key] = max(ends[key], (m.offset() or 0) + 1)
+    return ends
+
+
+def seqs_in(db: Path, producer: str) -> set[int]:
+    import sqlite3
+
+    conn = sqlite3.connect(db)
+    try:
+        rows = conn.execute("SELECT producer, seq FROM records").fetchall()
+    finally:
+        conn.close()
+    assert {p for p, _ in rows} == {producer}
+    return {s for _, s in rows}
+
+
+def test_executor_and_driver_killed_mid_batch_every_record_stored_once(
+    cluster: StandaloneCluster,
+    s3_server: S3Server,
+    broker_factory: Any,
+    spark: Any,
+    tmp_path: Path,
+) -> None:
+    """200,000 records (a network cut while they were sent) read on the cluster and
+    written three ways at once (logsdk-sink staged on S3, foreachBatch, parquet). One
+    executor SIGKILLed while tasks ran (Spark reran them), then the driver SIGKILLed while a
+    batch was staged; the same line again with --available-now: every Kafka record stored
+    once by each sink, every record LogProducer accepted among them, the staging area empty."""
+    broker = broker_factory(proxy=True)
+    topic = create_topic(broker.bootstrap_servers, "cluster-logs", PARTITIONS)
+    producer = produce_with_outage(broker, topic, tmp_path / "spool")
+    ends = end_offsets(broker.bootstrap_servers, topic)
+    assert sum(ends.values()) >= RECORDS
+
+    words = submit_words(cluster, s3_server, broker.bootstrap_servers, topic, tmp_path)
+    sinks = ["--sink", "sink", "--sink", "foreach", "--sink", "parquet"]
+    more = [*sinks, "--parquet", str(tmp_path / "parquet"), "--max-offsets", "10000"]
+    job = Job(cluster, words, tmp_path / "driver.log")
+    db = tmp_path / "sink.db"
+    staging = Staging.parse(s3_server.uri(f"cluster-{tmp_path.name}"), s3_server.options)
+    launched = cluster.executors_launched()
+    job.start(*more)
+    try:
+        wait_until(lambda: next_batch(db, "cluster-sink") >= 2 or not job.alive(), 300, "2 batches")
+        assert job.alive(), job.tail()
+        executors = cluster.executor_pids()
+        assert len(executors) == 2, executors
+        os.kill(executors[0], signal.SIGKILL)
+        wait_until(
+            lambda: "Lost task" in job.log.read_text(errors="replace") or not job.alive(),
+            120,
+            "the driver to see the executor's tasks lost",
+        )
+        wait_until(
+            lambda: (staging.listing() and next_batch(db, "cluster-sink") >= 5) or not job.alive(),
+            300,
+            "a batch staged after the executor was replaced",
+        )
+        assert job.alive(), job.tail()
+        job.kill()
+    finally:
+        job.kill()
+    applied = len(stored_rows(db))
+    assert 0 < applied < sum(ends.values()), f"driver kill was not mid-run: {applied}"
+    assert cluster.executors_launched() >= launched + 3  # 2, then a replacement
+
+    job.run(*more, "--available-now", timeout=600)
+    assert_exactly(stored_rows(db), ends)
+    assert seqs_in(db, producer) == set(range(RECORDS))
+    foreach = Path(str(db) + ".foreach")
+    assert_exactly(stored_rows(foreach), ends)
+    assert staging.listing() == []
+    parquet = spark.read.parquet(str(tmp_path / "parquet"))
+    rows = sorted((r.partition, r.offset) for r in parquet.select("partition", "offset").collect())
+    assert rows == sorted((p, o) for (_, p), n in ends.items() for o in range(n))
+    log = job.log.read_text(errors="replace")
+    assert "Traceback" not in log, log[-4000:]
