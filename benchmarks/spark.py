@@ -19,6 +19,11 @@
 
 Starts its own embedded broker; a warm-up query pays the first-batch cost (Python
 workers, JIT) before anything is timed. ``--json``: the last line is ``{"results": [...]}``.
+
+``--cluster``: the same figures again (names ending ``.cluster``) with the driver in this
+process and the executors on a Spark standalone cluster on this machine
+(:class:`spark_sink.standalone.StandaloneCluster`: a master and two workers, one core
+each), against the same raw loop in the same rounds; the ``local[2,2]`` figures first.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import datetime as dt
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +43,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from logsdk.testing import EmbeddedBroker, create_topic
 from spark_sink import local_session
+from spark_sink.standalone import StandaloneCluster
 
 PARTITIONS = 4
 
@@ -142,6 +149,124 @@ def spark_run(spark: Any, bootstrap: str, topic: str, n: int, per_trigger: int) 
     }
 
 
+def measure(
+    spark: Any, broker: EmbeddedBroker, args: argparse.Namespace, master: str, tag: str
+) -> list[dict[str, Any]]:
+    """The figures of one session (``master``), names suffixed with ``tag``."""
+    bs = broker.bootstrap_servers
+    results: list[dict[str, Any]] = []
+    warm = create_topic(bs, f"bench-warm-{uuid.uuid4().hex[:6]}", PARTITIONS)
+    produce(bs, warm, 20_000, 200)
+    spark_run(spark, bs, warm, 20_000, 10_000)
+    per_trigger = max(1, args.records // args.triggers)
+    for size in (int(s) for s in args.value_bytes.split(",")):
+        topic = create_topic(bs, f"bench-spark-{size}-{uuid.uuid4().hex[:6]}", PARTITIONS)
+        produce(bs, topic, args.records, size)
+        base: list[float] = []  # raw loop timed from its first batch
+        cold: list[float] = []  # the same loop timed from Consumer()
+        runs: list[dict[str, float]] = []
+        for _ in range(args.rounds):
+            started, from_start = raw_consume(bs, topic, args.records)
+            base.append(started)
+            cold.append(from_start)
+            runs.append(spark_run(spark, bs, topic, args.records, per_trigger))
+
+        def med(key: str, runs: list[dict[str, float]] = runs) -> float:
+            return statistics.median(r[key] for r in runs)
+
+        def ratio(key: str, runs: list[dict[str, float]] = runs, base: list[float] = base) -> float:
+            return statistics.median(r[key] / b for r, b in zip(runs, base, strict=True))
+
+        params = {
+            "records": args.records,
+            "value_bytes": size,
+            "rounds": args.rounds,
+            "partitions": PARTITIONS,
+            "maxOffsetsPerTrigger": per_trigger,
+            "master": master if master != "cluster" else "standalone: 2 workers x 1 core",
+        }
+        suffix = ("" if size == 200 else f".{size}B") + tag
+        baseline = "raw confluent-kafka Consumer loop (assign, no group), from its first batch"
+        baseline_cold = "raw confluent-kafka Consumer loop (assign, no group), from Consumer()"
+        results += [
+            {
+                "name": "spark.source" + suffix,
+                "unit": "records/s",
+                "value": round(med("running")),
+                "baseline": baseline,
+                "baseline_value": round(statistics.median(base)),
+                "ratio": round(ratio("running"), 3),
+                "goal": 0.5 if not tag else None,
+                "params": {
+                    **params,
+                    "measured": "first trigger start to last end",
+                    # The comparison published before 2026-11-23: both clocks
+                    # include a consumer's start.
+                    "baseline_cold_value": round(statistics.median(cold)),
+                    "ratio_vs_cold": round(ratio("running", base=cold), 3),
+                },
+            },
+            {
+                "name": "spark.source_end_to_end" + suffix,
+                "unit": "records/s",
+                "value": round(med("end_to_end")),
+                "baseline": baseline_cold,
+                "baseline_value": round(statistics.median(cold)),
+                "ratio": round(ratio("end_to_end", base=cold), 3),
+                "params": {**params, "measured": "start() to termination"},
+            },
+            {
+                "name": "spark.query_start" + suffix,
+                "unit": "s",
+                "value": round(med("start"), 3),
+                "params": params,
+            },
+            {
+                "name": "spark.batch_overhead" + suffix,
+                "unit": "s/trigger",
+                "value": round(med("overhead"), 3),
+                "params": params,
+            },
+            {
+                "name": "spark.source_in_batch" + suffix,
+                "unit": "records/s",
+                "value": round(med("in_batch")),
+                "params": params,
+            },
+        ]
+    return results
+
+
+def run_local(args: argparse.Namespace) -> list[dict[str, Any]]:
+    with EmbeddedBroker() as broker:
+        spark = local_session("logsdk-bench", master="local[2,2]")
+        try:
+            return measure(spark, broker, args, "local[2,2]", "")
+        finally:
+            spark.stop()
+
+
+def run_cluster(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if not args.only_cluster:
+        cmd = [sys.executable, __file__, "--only-cluster", "--json", "--cluster"]
+        cmd += ["--records", str(args.records), "--rounds", str(args.rounds)]
+        cmd += ["--triggers", str(args.triggers), "--value-bytes", args.value_bytes]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"the cluster run failed: {out.stderr[-3000:]}")
+        results: list[dict[str, Any]] = json.loads(out.stdout.splitlines()[-1])["results"]
+        return results
+    with (
+        EmbeddedBroker() as broker,
+        StandaloneCluster(tempfile.mkdtemp(prefix="bench-cluster-")) as cluster,
+    ):
+        spark = cluster.session("logsdk-bench")
+        try:
+            return measure(spark, broker, args, "cluster", ".cluster")
+        finally:
+            spark.stop()
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=200_000)
@@ -151,99 +276,18 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--value-bytes", default="200,1024", help="comma list of value sizes")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cluster", action="store_true", help="also on a 2-worker standalone cluster")
+    ap.add_argument("--only-cluster", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     results = []
-    with EmbeddedBroker() as broker:
-        bs = broker.bootstrap_servers
-        spark = local_session("logsdk-bench", master="local[2,2]")
-        try:
-            warm = create_topic(bs, f"bench-warm-{uuid.uuid4().hex[:6]}", PARTITIONS)
-            produce(bs, warm, 20_000, 200)
-            spark_run(spark, bs, warm, 20_000, 10_000)
-            per_trigger = max(1, args.records // args.triggers)
-            for size in (int(s) for s in args.value_bytes.split(",")):
-                topic = create_topic(bs, f"bench-spark-{size}-{uuid.uuid4().hex[:6]}", PARTITIONS)
-                produce(bs, topic, args.records, size)
-                base: list[float] = []  # raw loop timed from its first batch
-                cold: list[float] = []  # the same loop timed from Consumer()
-                runs: list[dict[str, float]] = []
-                for _ in range(args.rounds):
-                    started, from_start = raw_consume(bs, topic, args.records)
-                    base.append(started)
-                    cold.append(from_start)
-                    runs.append(spark_run(spark, bs, topic, args.records, per_trigger))
-
-                def med(key: str, runs: list[dict[str, float]] = runs) -> float:
-                    return statistics.median(r[key] for r in runs)
-
-                def ratio(
-                    key: str, runs: list[dict[str, float]] = runs, base: list[float] = base
-                ) -> float:
-                    return statistics.median(r[key] / b for r, b in zip(runs, base, strict=True))
-
-                params = {
-                    "records": args.records,
-                    "value_bytes": size,
-                    "rounds": args.rounds,
-                    "partitions": PARTITIONS,
-                    "maxOffsetsPerTrigger": per_trigger,
-                    "master": "local[2,2]",
-                }
-                suffix = "" if size == 200 else f".{size}B"
-                baseline = (
-                    "raw confluent-kafka Consumer loop (assign, no group), from its first batch"
-                )
-                baseline_cold = (
-                    "raw confluent-kafka Consumer loop (assign, no group), from Consumer()"
-                )
-                results += [
-                    {
-                        "name": "spark.source" + suffix,
-                        "unit": "records/s",
-                        "value": round(med("running")),
-                        "baseline": baseline,
-                        "baseline_value": round(statistics.median(base)),
-                        "ratio": round(ratio("running"), 3),
-                        "goal": 0.5,
-                        "params": {
-                            **params,
-                            "measured": "first trigger start to last end",
-                            # The comparison published before 2026-11-23: both clocks
-                            # include a consumer's start.
-                            "baseline_cold_value": round(statistics.median(cold)),
-                            "ratio_vs_cold": round(ratio("running", base=cold), 3),
-                        },
-                    },
-                    {
-                        "name": "spark.source_end_to_end" + suffix,
-                        "unit": "records/s",
-                        "value": round(med("end_to_end")),
-                        "baseline": baseline_cold,
-                        "baseline_value": round(statistics.median(cold)),
-                        "ratio": round(ratio("end_to_end", base=cold), 3),
-                        "params": {**params, "measured": "start() to termination"},
-                    },
-                    {
-                        "name": "spark.query_start" + suffix,
-                        "unit": "s",
-                        "value": round(med("start"), 3),
-                        "params": params,
-                    },
-                    {
-                        "name": "spark.batch_overhead" + suffix,
-                        "unit": "s/trigger",
-                        "value": round(med("overhead"), 3),
-                        "params": params,
-                    },
-                    {
-                        "name": "spark.source_in_batch" + suffix,
-                        "unit": "records/s",
-                        "value": round(med("in_batch")),
-                        "params": params,
-                    },
-                ]
-        finally:
-            spark.stop()
+    if args.cluster:
+        # One SparkContext per process, and a second one after stop() in the same process
+        # failed its Python workers ("failed to connect back"): the cluster's figures
+        # come from a child process, a driver of its own.
+        local = [] if args.only_cluster else run_local(args)
+        results += local + run_cluster(args)
+    else:
+        results += run_local(args)
     # Every figure in BENCHMARKS.md's schema: a key that does not apply is null.
     keys = ("name", "unit", "value", "baseline", "baseline_value", "ratio", "goal", "params")
     results = [{k: r.get(k) for k in keys} for r in results]
