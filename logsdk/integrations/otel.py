@@ -112,6 +112,9 @@ class KafkaLogExporter(LogRecordExporter):
                 producer_kwargs.setdefault("topic", topic)
             self.producer = LogProducer(**producer_kwargs)
             self._owned = True
+            # An app that simply exits still delivers (as the logging adapters): the
+            # producer is closed at interpreter exit and at a multiprocessing child's end.
+            self.producer._close_at_exit(self.close_timeout)
         else:
             self.producer = producer
             self._owned = False

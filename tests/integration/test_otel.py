@@ -4,6 +4,8 @@ opentelemetry-proto's own message classes, field by field; across a network cut.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -259,3 +261,57 @@ def test_records_logged_while_the_network_is_cut_arrive_once(
     # reader keeps one per (producer, seq); then every log record is there once.
     unique = {tuple(sorted(m.headers() or [])): m.value() or b"" for m in messages}
     check_fields(app, list(unique.values()))
+
+
+EXITING_APP = """
+import multiprocessing, sys
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+from logsdk.integrations.otel import KafkaLogExporter
+
+bootstrap, topic, spool = sys.argv[1:4]
+exporter = KafkaLogExporter(bootstrap_servers=bootstrap, topic=topic, spool_dir=spool)
+provider = LoggerProvider(shutdown_on_exit=False)  # nothing of OTel's own exit handling
+provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+logger = provider.get_logger("app")
+
+def work(start):
+    for i in range(start, start + 100):
+        logger.emit(body=f"line {i}", attributes={"i": i})
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    children = [ctx.Process(target=work, args=(1000 * (n + 1),)) for n in range(2)]
+    for c in children:
+        c.start()  # forked: each child's records go through its own copy of the producer
+    for i in range(500):
+        logger.emit(body=f"line {i}", attributes={"i": i})
+    for c in children:
+        c.join()
+    # returns without provider.shutdown() nor force_flush()
+"""
+
+
+def test_an_app_that_just_exits_and_its_forked_workers_deliver_every_record(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path,
+    spawn: Callable[..., Any],
+) -> None:  # fmt: skip
+    """SimpleLogRecordProcessor over the exporter: each log record is handed to the
+    producer as it is emitted, so the producer's fork and exit handling covers it: an app
+    that returns without shutting OTel down, and two fork workers that leave through
+    multiprocessing's os._exit, deliver all 700 log records."""
+    topic = fresh_topic(2)
+    script = tmp_path / "app.py"
+    script.write_text(EXITING_APP)
+    args = [sys.executable, str(script), kafka_broker.bootstrap_servers, topic, str(tmp_path / "s")]
+    proc = spawn(args, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    got = sorted(
+        plain(a.value)
+        for _, _, lr in decoded([m.value() or b"" for m in read_topic(
+            kafka_broker.bootstrap_servers, topic)])
+        for a in lr.attributes
+        if a.key == "i"
+    )  # fmt: skip
+    assert got == [*range(500), *range(1000, 1100), *range(2000, 2100)]
