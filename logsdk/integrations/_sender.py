@@ -7,6 +7,7 @@ import enum
 import json
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -71,6 +72,24 @@ def utc_now_iso() -> str:
     return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def add_trace_context(doc: dict[str, Any]) -> None:
+    """Add ``trace_id`` and ``span_id`` (lower-case hex, 32 and 16 digits, as OpenTelemetry
+    writes them) of the span active on this thread, when OpenTelemetry is in use.
+
+    Costs one dict lookup when ``opentelemetry.trace`` was never imported (it is not
+    imported here); fields the record already has are kept."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return
+    try:
+        ctx = trace.get_current_span().get_span_context()
+    except Exception:  # an API too old or broken: the record goes without
+        return
+    if ctx.is_valid:
+        doc.setdefault("trace_id", format(ctx.trace_id, "032x"))
+        doc.setdefault("span_id", format(ctx.span_id, "016x"))
+
+
 def is_sdk_logger(name: object) -> bool:
     """True for the SDK's own loggers: never shipped, so the SDK never logs into itself."""
     return isinstance(name, str) and (name == "logsdk" or name.startswith("logsdk."))
@@ -129,6 +148,7 @@ class JsonSender:
             return None
         self._busy.on = True
         try:
+            add_trace_context(doc)
             if self.static_fields:
                 doc.update(self.static_fields)
             value = dumps(doc)

@@ -315,3 +315,72 @@ def test_an_app_that_just_exits_and_its_forked_workers_deliver_every_record(
         if a.key == "i"
     )  # fmt: skip
     assert got == [*range(500), *range(1000, 1100), *range(2000, 2100)]
+
+
+def test_the_logging_adapters_add_the_active_span(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path,
+    make_producer: Callable[..., LogProducer],
+) -> None:  # fmt: skip
+    """KafkaHandler, structlog's KafkaProcessor and loguru's KafkaSink write ``trace_id``
+    and ``span_id`` (hex, as OTel writes them) of the span active where the app logged;
+    nothing outside a span; a field the record has already is kept."""
+    import logging
+
+    import structlog
+    from loguru import logger as loguru_logger
+
+    from logsdk.integrations.logging import KafkaHandler
+    from logsdk.integrations.loguru import KafkaSink
+    from logsdk.integrations.structlog import KafkaProcessor
+
+    topic = fresh_topic(1)
+    producer = make_producer(kafka_broker.bootstrap_servers, topic, tmp_path / "spool")
+    handler = KafkaHandler(producer)
+    std = logging.getLogger("otel.adapters")
+    std.addHandler(handler)
+    std.propagate = False
+    processor = KafkaProcessor(producer)
+    slog = structlog.wrap_logger(structlog.ReturnLogger(), processors=[processor])
+    sink = loguru_logger.add(KafkaSink(producer), format="{message}")
+    tracer = TracerProvider().get_tracer("app")
+    try:
+        with tracer.start_as_current_span("request") as span:
+            ctx = span.get_span_context()
+            std.warning("std in span")
+            slog.info("structlog in span")
+            slog.info("structlog own ids", trace_id="mine")
+            loguru_logger.info("loguru in span")
+        std.warning("std outside")
+        loguru_logger.info("loguru outside")
+    finally:
+        loguru_logger.remove(sink)
+        std.removeHandler(handler)
+    assert producer.flush(30) == 0
+    docs = [json.loads(m.value() or b"") for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    by_text = {d.get("message") or d.get("event"): d for d in docs}
+    trace, span_id = format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+    for text in ("std in span", "structlog in span", "loguru in span"):
+        assert (by_text[text]["trace_id"], by_text[text]["span_id"]) == (trace, span_id), text
+    assert by_text["structlog own ids"]["trace_id"] == "mine"
+    assert by_text["structlog own ids"]["span_id"] == span_id
+    for text in ("std outside", "loguru outside"):
+        assert "trace_id" not in by_text[text]
+        assert "span_id" not in by_text[text]
+
+
+def test_the_adapters_do_not_import_opentelemetry(tmp_path: Path) -> None:
+    """A KafkaHandler log call in a process that never imported OpenTelemetry does not
+    import it (the trace context costs a dict lookup there)."""
+    code = (
+        "import logging, sys\n"
+        "from logsdk.integrations.logging import KafkaHandler\n"
+        f"h = KafkaHandler(bootstrap_servers='127.0.0.1:1', topic='t', spool_dir={str(tmp_path)!r},"
+        " close_timeout=0)\n"
+        "logging.getLogger('x').addHandler(h)\n"
+        "logging.getLogger('x').warning('hi')\n"
+        "assert h._sender.dropped == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
