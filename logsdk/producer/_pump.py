@@ -321,10 +321,16 @@ class Pump:
     def recover_step(self) -> bool:
         """Replay the spool; when it is empty, hand the backlog over and go ONLINE."""
         p, gate = self._p, self._gate
+        # The backlog waits behind the spool; memory stays bounded by spilling its head,
+        # past half the buffer while the spool holds rows. Once it holds none (the last
+        # replay batch awaits its acks) the backlog may grow to three quarters: spilling
+        # there would put rows back in the spool as fast as the app sends, and a steady
+        # sender would keep the producer RECOVERING, every record through the disk.
+        bound = self._config.buffer_max_records
+        keep = bound // 2 if p.spool.count > 0 else bound * 3 // 4
         with gate.lock:
-            over = len(gate.backlog) - self._config.buffer_max_records // 2
+            over = len(gate.backlog) - keep
         if over > 0:
-            # The backlog waits behind the spool; keep memory bounded by spilling its head.
             p.custody.spool_pending(p.replay.cursor, limit=over)
         client = p.flight.client
         if client is None:
