@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.logsdk-installed
 
-.PHONY: demo test lint typecheck docs unit bench chaos clean
+.PHONY: demo test lint typecheck docs unit bench chaos clean plots
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,14 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# The pictures in the docs drawn from measurements (matplotlib, the `plots` extra): a
+# producer through a 10 s network cut (about a minute), and the benchmark ratios of
+# benchmarks/results.json.
+plots: $(STAMP)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[plots]'
+	$(PY) benchmarks/outage_timeline.py
+	$(PY) benchmarks/plot_results.py
 
 SEED ?= 1
 DURATION ?= 300
