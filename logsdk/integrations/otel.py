@@ -21,6 +21,9 @@ past ``max_block_s``), counted in :attr:`KafkaLogExporter.failed`. ``force_flush
 until what was exported is durable (in Kafka or the spool); ``shutdown()`` closes a
 producer the exporter owns, delivering what Kafka takes within ``close_timeout``.
 
+Reading them back: :func:`decode_otlp` (a LogConsumer's handler), or
+``spark_sink.logs.parse_otlp`` in Spark.
+
 Needs the ``otel`` extra: ``pip install 'logsdk[otel]'`` (opentelemetry-sdk and its
 OTLP protobuf encoder).
 """
@@ -69,6 +72,86 @@ def to_otlp_json(request: Any) -> bytes:
 
     fix(doc)
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _any_value(value: Any) -> Any:
+    """An OTLP ``AnyValue`` as Python (bytes stay bytes; an empty value is None)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def _hex(raw: bytes) -> str | None:
+    return raw.hex() if raw and any(raw) else None
+
+
+def decode_otlp(value: bytes, encoding: str = "otlp_proto") -> list[dict[str, Any]]:
+    """The log records of one Kafka record written by :class:`KafkaLogExporter`, in order.
+
+    Each is a dict: ``time_unix_nano``, ``observed_time_unix_nano``, ``severity_number``,
+    ``severity_text``, ``body`` (a str, or the Python value of a structured body),
+    ``attributes`` and ``resource`` (dicts of Python values), ``scope`` and
+    ``scope_version``, ``trace_id`` and ``span_id`` (hex, None when not set), ``index``
+    (its position in the Kafka record: with the record's (producer, seq) headers it
+    names the log record, for dedupe). ``encoding`` as the exporter's. A value that is not
+    OTLP raises ``ValueError``.
+    """
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceRequest,
+    )
+
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    request = ExportLogsServiceRequest()
+    try:
+        if encoding == "otlp_json":
+            doc = json.loads(value)
+
+            def unhex(node: Any) -> None:
+                if isinstance(node, dict):
+                    for key, item in node.items():
+                        if key in _HEX_FIELDS and isinstance(item, str):
+                            node[key] = base64.b64encode(bytes.fromhex(item)).decode()
+                        else:
+                            unhex(item)
+                elif isinstance(node, list):
+                    for item in node:
+                        unhex(item)
+
+            unhex(doc)
+            json_format.ParseDict(doc, request)
+        else:
+            request.ParseFromString(value)
+    except (DecodeError, json_format.ParseError, ValueError, TypeError) as exc:
+        raise ValueError(f"not an OTLP logs request ({encoding}): {exc}") from exc
+    out: list[dict[str, Any]] = []
+    for rl in request.resource_logs:
+        resource = {a.key: _any_value(a.value) for a in rl.resource.attributes}
+        for sl in rl.scope_logs:
+            for lr in sl.log_records:
+                out.append(
+                    {
+                        "time_unix_nano": lr.time_unix_nano,
+                        "observed_time_unix_nano": lr.observed_time_unix_nano,
+                        "severity_number": lr.severity_number,
+                        "severity_text": lr.severity_text,
+                        "body": _any_value(lr.body),
+                        "attributes": {a.key: _any_value(a.value) for a in lr.attributes},
+                        "resource": resource,
+                        "scope": sl.scope.name,
+                        "scope_version": sl.scope.version,
+                        "trace_id": _hex(lr.trace_id),
+                        "span_id": _hex(lr.span_id),
+                        "index": len(out),
+                    }
+                )
+    return out
 
 
 class KafkaLogExporter(LogRecordExporter):

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from logsdk import LogProducer
 from logsdk.errors import ConfigError
-from logsdk.integrations.otel import KafkaLogExporter, to_otlp_json
+from logsdk.integrations.otel import KafkaLogExporter, decode_otlp, to_otlp_json
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import FAST, wait_until
@@ -142,6 +142,18 @@ def test_every_field_lands_in_kafka_as_logged(
     app.shutdown()  # the processor exports what it holds, then the exporter closes its producer
     values = [m.value() or b"" for m in read_topic(kafka_broker.bootstrap_servers, topic)]
     check_fields(app, values, encoding)
+    # The decode helper a LogConsumer handler uses gives the same records, in order.
+    rows = [r for v in values for r in decode_otlp(v, encoding)]
+    assert sorted(r["attributes"]["i"] for r in rows) == list(range(300))
+    for r in rows:
+        body, severity, attrs, stamp, trace, span = app.logged[r["attributes"]["i"]]
+        assert (r["body"], r["severity_number"], r["attributes"]) == (body, severity, attrs)
+        assert r["time_unix_nano"] == stamp
+        assert r["trace_id"] == (format(trace, "032x") if trace else None)
+        assert r["span_id"] == (format(span, "016x") if span else None)
+        assert r["resource"]["service.name"] == "checkout"
+    with pytest.raises(ValueError, match="not an OTLP logs request"):
+        decode_otlp(b"{not otlp", encoding)
     assert exporter.exported == 300
     assert exporter.failed == 0
     assert exporter.records == len(values)
