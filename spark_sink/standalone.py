@@ -233,6 +233,30 @@ class StandaloneCluster:
                     pids.append(child)
         return pids
 
+    def busy_executor(self, window: float = 0.5) -> int | None:
+        """The pid of the executor that used the most CPU over ``window`` seconds, with
+        its Python workers, if that is over a third of a core (it runs a task); else None."""
+
+        def ticks(pid: int) -> int:
+            total = 0
+            for p in [pid, *_descendants(pid)]:
+                try:
+                    fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                total += int(fields[11]) + int(fields[12])  # utime + stime
+            return total
+
+        pids = self.executor_pids()
+        before = {p: ticks(p) for p in pids}
+        time.sleep(window)
+        used = {p: ticks(p) - before[p] for p in pids}
+        if not used:
+            return None
+        pid = max(used, key=lambda p: used[p])
+        hz = os.sysconf("SC_CLK_TCK")
+        return pid if used[pid] > window * hz / 3 else None
+
     def executors_launched(self) -> int:
         """How many executors the workers have launched so far (their work directories)."""
         return sum(
