@@ -26,6 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_sink._session import _LOG4J2
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -33,23 +35,15 @@ MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
-#: Daemons and executors log warnings and errors only; the scheduler's lost tasks and
-#: executors too (a test reads them to know a kill landed mid-batch).
-LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+#: Daemons, executors and the driver log errors only (as local sessions), and the
+#: scheduler's lost tasks (a test reads them to know a kill landed mid-batch).
+LOG4J2 = (
+    _LOG4J2
+    + """\
 logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
 logger.tasks.level = warn
-logger.sched.name = org.apache.spark.scheduler.TaskSchedulerImpl
-logger.sched.level = error
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
 """
+)
 
 
 def spark_home() -> Path:

@@ -34,7 +34,7 @@ import base64
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.protobuf import json_format
@@ -53,24 +53,25 @@ ENCODINGS = ("otlp_proto", "otlp_json")
 _HEX_FIELDS = ("traceId", "spanId")
 
 
+def _convert_ids(node: Any, convert: Callable[[str], str]) -> None:
+    """Rewrite, in place, every trace and span id of a JSON document with ``convert``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _HEX_FIELDS and isinstance(value, str):
+                node[key] = convert(value)
+            else:
+                _convert_ids(value, convert)
+    elif isinstance(node, list):
+        for item in node:
+            _convert_ids(item, convert)
+
+
 def to_otlp_json(request: Any) -> bytes:
     """``request`` (an OTLP protobuf message) in OTLP/JSON: camelCase field names, enums
     as integers, trace and span ids as hex strings (protobuf's JSON writes bytes as
     base64, which OTLP/JSON does not take)."""
     doc = json_format.MessageToDict(request, use_integers_for_enums=True)
-
-    def fix(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in _HEX_FIELDS and isinstance(value, str):
-                    node[key] = base64.b64decode(value).hex()
-                else:
-                    fix(value)
-        elif isinstance(node, list):
-            for item in node:
-                fix(item)
-
-    fix(doc)
+    _convert_ids(doc, lambda text: base64.b64decode(text).hex())
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -112,19 +113,7 @@ def decode_otlp(value: bytes, encoding: str = "otlp_proto") -> list[dict[str, An
     try:
         if encoding == "otlp_json":
             doc = json.loads(value)
-
-            def unhex(node: Any) -> None:
-                if isinstance(node, dict):
-                    for key, item in node.items():
-                        if key in _HEX_FIELDS and isinstance(item, str):
-                            node[key] = base64.b64encode(bytes.fromhex(item)).decode()
-                        else:
-                            unhex(item)
-                elif isinstance(node, list):
-                    for item in node:
-                        unhex(item)
-
-            unhex(doc)
+            _convert_ids(doc, lambda text: base64.b64encode(bytes.fromhex(text)).decode())
             json_format.ParseDict(doc, request)
         else:
             request.ParseFromString(value)
