@@ -108,3 +108,64 @@ def test_exporter_rejects_what_it_cannot_label_apart(kafka_broker: KafkaTarget) 
     exporter.add(b, labels={"group": "b"})
     with pytest.raises(ConfigError, match="not started"):
         _ = exporter.port
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "logsdk-grafana.json"
+
+
+def test_the_grafana_dashboard_queries_only_what_the_exporter_emits(
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    make_consumer: Callable[..., LogConsumer],
+) -> None:
+    """Every metric a query of dashboards/logsdk-grafana.json names, and every label it
+    groups by, is in a scrape of a working producer and consumer; and every panel has a
+    query."""
+    import json
+    import re
+
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in dash["panels"] for t in panel["targets"]]
+    assert all(panel["targets"] for panel in dash["panels"])
+    topic = fresh_topic(2)
+    with LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path) as p:
+        for i in range(10):
+            p.send(f"r{i}", key=str(i))
+        assert p.flush(10) == 0
+        consumer = make_consumer(
+            group_id=f"dash-{topic}", topics=[topic], handler=lambda r: None,
+            kafka_config=dict(kafka_broker.client_config("consumer")),
+        )  # fmt: skip
+        with PrometheusExporter(p, consumer) as exporter, consumer:
+            wait_until(
+                lambda: value(scrape(exporter.url), "logsdk_consumer_processed_total") == 10,
+                30,
+                "10 records processed",
+            )
+            with urllib.request.urlopen(exporter.url, timeout=5) as resp:
+                text = resp.read().decode()
+    names: set[str] = set()
+    labels: set[str] = set()
+    for fam in text_string_to_metric_families(text):
+        names.add(fam.name + ("_total" if fam.type == "counter" else ""))
+        for s in fam.samples:
+            labels |= set(s.labels)
+    # A family with no sample yet (errors by kind while none happened) is still declared.
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            names.add(
+                name + ("_total" if kind == "counter" and not name.endswith("_total") else "")
+            )
+    labels.add("kind")  # the label of errors' series, each named by its kind
+    used = {m for e in exprs for m in re.findall(r"\blogsdk_[a-z_]+", e)}
+    grouped = {
+        label.strip()
+        for e in exprs
+        for group in re.findall(r"\bby \(([^)]*)\)", e)
+        for label in group.split(",")
+    }
+    assert used - names == set(), f"queries name metrics the exporter does not emit: {used - names}"
+    assert grouped - labels == set(), f"queries group by labels no series has: {grouped - labels}"
+    assert len(used) >= 20
