@@ -396,3 +396,57 @@ def test_the_adapters_do_not_import_opentelemetry(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+RESTARTING_APP = """
+import sys
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+from logsdk.integrations.otel import KafkaLogExporter
+
+bootstrap, topic, spool, first, count = sys.argv[1:6]
+exporter = KafkaLogExporter(bootstrap_servers=bootstrap, topic=topic, spool_dir=spool,
+                            close_timeout=1)
+provider = LoggerProvider()
+provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+logger = provider.get_logger("app")
+for i in range(int(first), int(first) + int(count)):
+    logger.emit(body=f"line {i}", attributes={"i": i})
+provider.shutdown()
+print(exporter.producer.stats()["spool_records"])
+"""
+
+
+@pytest.mark.fault
+def test_an_app_restarted_after_an_outage_delivers_what_the_first_run_kept(
+    broker_factory: Callable[..., EmbeddedBroker], tmp_path: Path, spawn: Callable[..., Any]
+) -> None:
+    """The app logs 300 records while the network is cut and exits (its close gives up
+    after 1 s: the records stay in the spool); after the cut the app starts again on the
+    same spool_dir and logs 200 more: all 500 log records are in Kafka."""
+    broker = broker_factory(proxy=True)
+    topic = create_topic(broker.bootstrap_servers, "otlp-restart", 2)
+    script = tmp_path / "app.py"
+    script.write_text(RESTARTING_APP)
+    spool = str(tmp_path / "spool")
+
+    def run(first: int, count: int) -> int:
+        args = [sys.executable, str(script), broker.bootstrap_servers, topic, spool]
+        proc = spawn([*args, str(first), str(count)], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE)  # fmt: skip
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()[-3000:]
+        return int(out.decode().split()[-1])
+
+    broker.cut()
+    assert run(0, 300) == 300  # all kept in the spool at exit
+    broker.heal()
+    assert run(1000, 200) == 0
+    got = sorted(
+        plain(a.value)
+        for _, _, lr in decoded([m.value() or b"" for m in read_topic(
+            broker.bootstrap_servers, topic, timeout=120)])
+        for a in lr.attributes
+        if a.key == "i"
+    )  # fmt: skip
+    assert sorted(set(got)) == [*range(300), *range(1000, 1200)]
