@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.logsdk-installed
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv  # uv: installs in seconds where pip takes minutes
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev,spark]'  # spark: pyspark + pyarrow for tests/spark
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev,spark,site]'  # spark: tests/spark; site: tests/site
 	touch $(STAMP)
 
 demo: $(STAMP)
