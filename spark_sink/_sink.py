@@ -65,7 +65,6 @@ _SINK_OPTIONS = (
     "sinkid",
     "stagingdir",
 )
-# Options of the staging filesystem start with this (spark_sink._staging).
 # Options Spark itself passes on to a sink.
 _SPARK_OWN = ("checkpointlocation", "path", "queryname")
 #: SQLite's ``PRAGMA synchronous`` levels, as SQLiteSink takes them.
