@@ -1,11 +1,11 @@
 """OpenTelemetry logs to Kafka: a ``LogRecordExporter`` for the OTel Python SDK.
 
     from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
     from logsdk.integrations.otel import KafkaLogExporter
 
     provider = LoggerProvider(resource=Resource.create({"service.name": "checkout"}))
-    provider.add_log_record_processor(BatchLogRecordProcessor(KafkaLogExporter(
+    provider.add_log_record_processor(SimpleLogRecordProcessor(KafkaLogExporter(
         bootstrap_servers="kafka:9092", topic="otlp_logs", spool_dir="/var/lib/app/otel")))
 
 Each export batch becomes one Kafka record (more when it is larger than
