@@ -236,6 +236,44 @@ class _Child:
         self._log.close()
 
 
+def start_s3_server(
+    port: int, bucket: str, env: dict[str, str], log_path: Path, timeout: float
+) -> _Child:
+    """moto's S3 server on ``127.0.0.1:port`` in a child process that dies with this one,
+    returned once it has created ``bucket``; :class:`BrokerStartError` with its log's tail
+    if it exits or does not answer within ``timeout`` seconds."""
+    cmd = [
+        sys.executable,
+        "-c",
+        "from moto.server import main; main()",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
+    child = _Child("s3", cmd, env, log_path)
+    url = f"http://127.0.0.1:{port}/{bucket}"
+    deadline = time.monotonic() + timeout
+    while True:
+        if not child.alive():
+            child.wait_dead()
+            raise BrokerStartError(
+                f"the S3 server (moto) exited with status {child.proc.returncode}", child.tail()
+            )
+        try:
+            req = urllib.request.Request(url, method="PUT")
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                if resp.status == 200:
+                    return child
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            tail = child.tail()
+            child.kill()
+            raise BrokerStartError(f"the S3 server did not answer within {timeout}s", tail)
+        time.sleep(0.1)
+
+
 class EmbeddedBroker:
     """A real Kafka-protocol broker (Tansu 0.6.0) on loopback, for dev, demos and tests.
 
@@ -537,38 +575,11 @@ class EmbeddedBroker:
             raise BrokerBinaryNotFound(
                 "EmbeddedBroker(durable=True) needs moto's S3 server: pip install 'logsdk[testing]'"
             ) from exc
-        cmd = [
-            sys.executable,
-            "-c",
-            "from moto.server import main; main()",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            str(self._s3_port),
-        ]
         env = dict(os.environ)
         env.update(_S3_ENV)
-        self._s3 = _Child("s3", cmd, env, self._workdir / "s3.log")
-        url = f"http://127.0.0.1:{self._s3_port}/{_S3_BUCKET}"
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if not self._s3.alive():
-                raise BrokerStartError(
-                    f"the S3 server (moto) exited with status {self._s3.proc.returncode}",
-                    self._s3.tail(),
-                )
-            try:
-                req = urllib.request.Request(url, method="PUT")
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise BrokerStartError(
-                    f"the S3 server did not answer within {self.start_timeout}s", self._s3.tail()
-                )
-            time.sleep(0.1)
+        self._s3 = start_s3_server(
+            self._s3_port, _S3_BUCKET, env, self._workdir / "s3.log", self.start_timeout
+        )
 
     def _start_broker(self) -> None:
         assert self._workdir is not None

@@ -5,10 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,39 +74,13 @@ S3_ENV = {
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """moto's S3 server on a free port, a bucket ``staging``; credentials in os.environ
     (the driver's chain; Spark executors started after this inherit them)."""
-    from logsdk.testing._broker import free_port
+    from logsdk.testing._broker import free_port, start_s3_server
 
     port = free_port()
     log = tmp_path_factory.mktemp("s3") / "moto.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from moto.server import main; main()",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                str(port),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **S3_ENV},
-        )
+    server = start_s3_server(port, "staging", {**os.environ, **S3_ENV}, log, 60.0)
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                req = urllib.request.Request(f"{endpoint}/staging", method="PUT")
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto's S3 server did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
         saved = {k: os.environ.get(k) for k in S3_ENV}
         os.environ.update(S3_ENV)
         try:
@@ -122,5 +92,4 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
                 else:
                     os.environ[k] = v
     finally:
-        proc.kill()
-        proc.wait(30)
+        server.kill()
