@@ -4,7 +4,8 @@ One master and N workers, each a JVM started from pyspark's own distribution
 (``bin/spark-class`` with the standalone ``Master`` and ``Worker`` classes), each worker
 with its own work directory, cores and memory cap, so that they act as separate hosts:
 their executors are other JVMs with other Python workers than the driver's. Stopped by
-pid (each process is its own session: a worker's executors go with it).
+pid (each daemon in a process group of its own, killed by the kernel if the process
+that started it dies first; a worker's executors go with it).
 
     with StandaloneCluster(workdir, workers=2) as cluster:
         spark = cluster.session("my-app")      # or: spark-submit --master cluster.master_url
@@ -26,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from logsdk.testing._broker import _die_with_parent, _spawner, free_port
 from spark_sink._session import _LOG4J2
 
 if TYPE_CHECKING:
@@ -53,15 +55,6 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class StandaloneCluster:
     """A master and ``workers`` workers on 127.0.0.1 (see the module docstring)."""
 
@@ -83,8 +76,8 @@ class StandaloneCluster:
         self.python = python
         self.executor_env = dict(executor_env or {})
         self.start_timeout = start_timeout
-        self.port = _free_port()
-        self.ui_port = _free_port()
+        self.port = free_port()
+        self.ui_port = free_port()
         self._master: subprocess.Popen[bytes] | None = None
         self._workers: list[subprocess.Popen[bytes]] = []
         self.log4j = self.workdir / "log4j2.properties"
@@ -135,13 +128,20 @@ class StandaloneCluster:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / "logs" / f"{name}.out", "ab")  # noqa: SIM115 - the child's
+        cmd, env = [str(spark_home() / "bin" / "spark-class"), *args], self.env()
         try:
-            return subprocess.Popen(
-                [str(spark_home() / "bin" / "spark-class"), *args],
-                env=self.env(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            # As the embedded broker's children: a group of its own, and SIGKILLed by the
+            # kernel if this process dies first (forked from the spawner's long-lived thread).
+            return _spawner.run(
+                lambda: subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                    close_fds=True,
+                )
             )
         finally:
             log.close()
@@ -175,7 +175,7 @@ class StandaloneCluster:
                             "--host",
                             "127.0.0.1",
                             "--webui-port",
-                            str(_free_port()),
+                            str(free_port()),
                             "--cores",
                             str(self.cores),
                             "--memory",
