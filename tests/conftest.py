@@ -71,6 +71,7 @@ class InterruptAfterProduce:
 #: Tests of 15 s to 90 s each (`--durations`): collected first, so that the xdist workers
 #: share them at the start and no worker is left alone with one at the end of a run.
 _LONG_FIRST = (
+    "tests/integration/test_producer_model.py::test_producer_model_long",
     "tests/fault/test_chaos.py",
     "tests/packaging/",
     "tests/integration/test_benchmarks.py",

@@ -3,7 +3,8 @@
 Invariants owned here:
 - a record accepted by send() and not in librdkafka's hands is in exactly one of: the
   backlog (memory, in send order: ``Gate.backlog``), ``failed`` (handed back by a client),
-  in transit to the spool (``in_transit``: counted until committed), the spool
+  in transit to the spool (``in_transit``: counted until committed) or to librdkafka
+  (``feeding``: counted until in the in-flight table), the spool
   (committed), or ``rejects`` (refused by Kafka, on its way to the spool's ``rejected``
   table); or it was dropped by ``when_full`` and counted in ``dropped``;
 - records go to the spool in send order: failed ones first (sorted by seq), then the
@@ -73,6 +74,9 @@ class Custody:
         #: Records between memory and the spool (a commit under way), counted until
         #: committed. Published.
         self.in_transit = 0
+        #: Records the pump took from the backlog's head to hand to librdkafka, counted
+        #: until they are in the in-flight table (``Pump._feed_backlog``). Published.
+        self.feeding = 0
         #: Refused by Kafka, for the rejected table (pump).
         self.rejects: list[tuple[Row, str]] = []
         self.spooled = 0  # records committed to the spool
@@ -371,7 +375,7 @@ class Custody:
         nor dropped, nor refused by Kafka (``rejects``: see :meth:`unsettled`). The caller
         holds the send lock (a batch moves between the backlog, ``in_transit`` and the
         client under it)."""
-        return len(self._gate.backlog) + self.in_transit + len(self.failed)
+        return len(self._gate.backlog) + self.in_transit + self.feeding + len(self.failed)
 
     def unsettled(self) -> int:
         """:meth:`held`, and Kafka's refusals waiting in ``rejects`` until the rejected

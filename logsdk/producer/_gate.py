@@ -2,10 +2,12 @@
 
 Owner: the lock (:attr:`Gate.lock`), not a thread. ``send()`` runs on any number of
 application threads; each holds the lock while it takes a seq and hands its record over.
-The pump holds it for the few things that must change at once with the send path (a state
-flip, ``direct``, raising ``seq_limit``), the health thread never. Every field is read and
-written with the lock held, except where a field says "published" (one attribute read, a
-stale value harmless).
+The pump holds it only for what must change at once with the send path (a state flip,
+``direct``, raising ``seq_limit``, taking a batch from the backlog's head or putting one
+back), never while it does I/O, purges a client or hands records to librdkafka; the
+health thread never takes it. A sender thus waits on the pump for at most one such hold.
+Every field is read and written with the lock held, except where a field says "published"
+(one attribute read, a stale value harmless).
 
 This is the one part whose fields other parts write (under the lock): it is the send
 path's shared state, and ``send()`` reads and writes it inline, one record at a time,

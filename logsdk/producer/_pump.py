@@ -67,6 +67,10 @@ from logsdk.producer._tally import Tally
 from logsdk.shm._ring import ShmRing
 from logsdk.spool._spool import Spool
 
+#: Backlog records handed to librdkafka per hold of the send lock by the pump (about
+#: 0.5 ms of produce() calls: the longest a sender waits on it).
+FEED_CHUNK = 256
+
 log = logging.getLogger("logsdk.producer")
 
 
@@ -347,19 +351,9 @@ class Pump:
         except SpoolError as exc:
             p.alarm.failed(exc, "read")
             return False
-        # Spool drained: the backlog (all newer than anything replayed) goes next.
-        with gate.lock:
-            backlog = gate.backlog
-            while backlog:
-                if not self._produce_backlog_rec(backlog[0]):
-                    return True
-                backlog.popleft()
-            # Senders waiting for their turn go through the backlog first (send order):
-            # drain_backlog_to_client() turns direct on once none waits.
-            gate.direct = not gate.waiters
-            self.transition(Event.DRAINED, "spool drained")
-            gate.space.notify_all()
-        return False
+        # Spool drained: the backlog (all newer than anything replayed) goes next, then
+        # ONLINE: send() produces directly again.
+        return self._feed_backlog(go_online=True)
 
     def drain_backlog_to_client(self) -> bool:
         """ONLINE with a backlog (librdkafka was full): feed it in order, then go direct."""
@@ -373,26 +367,52 @@ class Pump:
         if self._p.flight.client is None:
             return False  # not made yet: send() makes it with the first record
         with gate.lock:
-            backlog = gate.backlog
-            if gate.direct or not backlog:
-                if not gate.direct and not backlog and not gate.waiters:
-                    gate.direct = True
-                return False
-            if len(backlog) > self._config.buffer_max_records:
+            if len(gate.backlog) > self._config.buffer_max_records:
                 self.requests.degrade("local queue full beyond buffer_max_records")
                 return True
-            while backlog:
-                if not self._produce_backlog_rec(backlog[0]):
-                    return False
-                backlog.popleft()
-            # A sender waiting for its turn goes through the backlog (send order): direct
-            # only once none waits (then the next step turns it on).
-            gate.direct = not gate.waiters
-            gate.space.notify_all()
-        return False
+        return self._feed_backlog(go_online=False)
+
+    def _feed_backlog(self, go_online: bool) -> bool:
+        """Hand the backlog's head to the client, at most ``FEED_CHUNK`` records, in send
+        order; once it is empty, turn direct sends on (and go ONLINE with ``go_online``).
+        True when more is left for the next step.
+
+        The send lock is held only to take the chunk and for the last check, never while
+        records go to librdkafka: senders append behind the chunk meanwhile (direct is off,
+        so none produces, and the in-flight table is the pump's alone). The chunk is
+        counted in ``Custody.feeding`` until its records are in the table, so flush() never
+        sees one record less outstanding."""
+        gate, custody = self._gate, self._p.custody
+        with gate.lock:
+            backlog = gate.backlog
+            if not backlog:
+                # Senders waiting for their turn go through the backlog first (send
+                # order): direct only once none waits (a later step turns it on).
+                gate.direct = not gate.waiters
+                if go_online:
+                    self.transition(Event.DRAINED, "spool drained")
+                gate.space.notify_all()
+                return False
+            n = min(len(backlog), FEED_CHUNK)
+            chunk = [backlog.popleft() for _ in range(n)]
+            custody.feeding = n
+        done = 0
+        try:
+            for rec in chunk:
+                if not self._produce_backlog_rec(rec):
+                    break  # librdkafka's queue is full, or the client broke: poll first
+                done += 1
+        finally:
+            rest = chunk[done:]
+            with gate.lock:
+                if rest:
+                    gate.backlog.extendleft(reversed(rest))
+                custody.feeding = 0
+                gate.space.notify_all()
+        return not rest
 
     def _produce_backlog_rec(self, rec: Rec) -> bool:
-        """Hand an accepted record to the client (the send lock held); one Kafka refuses is
+        """Hand an accepted record to the client (direct sends off); one Kafka refuses is
         set aside (out of the backlog: kept in the spool's rejected table)."""
         p = self._p
         try:
