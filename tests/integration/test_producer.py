@@ -9,6 +9,7 @@ import logging
 import os
 import sqlite3
 import subprocess
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -622,3 +623,50 @@ def test_secrets_never_logged(
         assert "hunter2" not in repr(p)
         p.close(timeout=0)
     assert "hunter2" not in caplog.text
+
+
+def test_kafka_handler_emits_without_the_handler_lock_and_keeps_filters(
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """KafkaHandler.handle() takes no handler lock (emit() is thread-safe): a log call goes
+    through while another thread holds that lock. Filters still apply, and the SDK's own
+    loggers are never shipped."""
+    topic = fresh_topic(1)
+    handler = KafkaHandler(
+        bootstrap_servers=kafka.bootstrap_servers, topic=topic, spool_dir=tmp_path
+    )
+    handler.addFilter(lambda r: "secret" not in r.getMessage())
+    logger = logging.getLogger("app.lockless")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with handler.lock:  # type: ignore[union-attr]
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    try:
+        assert held.wait(10)
+        done = threading.Event()
+
+        def log_lines() -> None:
+            logger.info("kept")
+            logger.info("a secret line")
+            logging.getLogger("logsdk.anything").warning("the SDK's own line")
+            handler.handle(logging.getLogger("logsdk").makeRecord(
+                "logsdk", logging.WARNING, __file__, 1, "own", None, None))  # fmt: skip
+            done.set()
+
+        threading.Thread(target=log_lines).start()
+        assert done.wait(10), "a log call waited for the handler's lock"
+    finally:
+        release.set()
+        holder.join()
+        logger.removeHandler(handler)
+        handler.close()
+    docs = [json.loads(m.value() or b"") for m in read_topic(kafka.bootstrap_servers, topic)]
+    assert [d["message"] for d in docs] == ["kept"]
+    assert handler.dropped == 0

@@ -1,0 +1,38 @@
+"""KafkaHandler's JSON document, built without a broker: the timestamp as datetime writes
+it, the extra fields in the order the record has them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+
+from logsdk.integrations.logging import iso_utc, record_to_dict
+
+
+def test_timestamps_are_written_as_datetime_writes_them() -> None:
+    """The cached-second formatter against ``datetime.fromtimestamp(...).isoformat()``:
+    random instants, whole seconds (no microseconds written), and fractions that round up
+    into the next second."""
+    rng = random.Random(7)
+    instants = [rng.uniform(0, 4e9) for _ in range(50_000)]
+    instants += [float(s) for s in range(0, 4_000_000_000, 39_999_999)]
+    instants += [1764222779.9999996, 1764222779.0000004, 1764222779.5, 1.0000005, 0.0]
+    # The same second again and again, then the next: the cache is used and replaced.
+    instants += [1764222779.25, 1764222779.75, 1764222780.0, 1764222779.5]
+    for t in instants:
+        assert iso_utc(t) == dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(), t
+
+
+def _record(**extra: object) -> logging.LogRecord:
+    return logging.getLogger("app.doc").makeRecord(
+        "app.doc", logging.INFO, __file__, 1, "n=%d", (3,), None, extra=extra or None
+    )
+
+
+def test_extra_fields_keep_their_order_and_leave_private_ones_out() -> None:
+    doc = record_to_dict(_record(zeta=1, alpha=2, _hidden=3, mid=4), "h", {})
+    assert list(doc["extra"]) == ["zeta", "alpha", "mid"]
+    assert doc["message"] == "n=3"
+    assert "extra" not in record_to_dict(_record(), "h", {})
+    assert "extra" not in record_to_dict(_record(_only_private=1), "h", {})
