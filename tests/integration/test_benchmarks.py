@@ -91,3 +91,23 @@ def test_spark_benchmark_prints_every_figure() -> None:
         "spark.batch_overhead",
         "spark.source_in_batch",
     } <= names, sorted(names)
+
+
+def test_peer_rsyslog_benchmark_runs_or_says_why_not() -> None:
+    """Beside rsyslogd where it is installed (a short steady run of each pipeline);
+    elsewhere it says it skipped and reports no figure, exit status 0."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peer_rsyslog
+    finally:
+        sys.path.pop(0)
+    missing = peer_rsyslog.rsyslog_missing()
+    results = run_benchmark("peer_rsyslog.py", "--runs", "steady", "--records", "500")
+    if missing:
+        assert results == []
+        return
+    names = {r["name"] for r in results}
+    for figure in ("app_thread_cpu_us_per_call", "app_wall_us_per_call",
+                   "pipeline_cpu_us_per_record"):  # fmt: skip
+        assert f"peer.{figure}" in names, sorted(names)
+        assert f"peer.{figure}.json_in_app" in names, sorted(names)
