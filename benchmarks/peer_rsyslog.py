@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -479,13 +480,26 @@ class Bench:
 
     # -- the runs --
 
-    def steady(self, kind: str) -> dict[str, Any]:
-        n = self.args.records
-        topic = self.topic(f"{kind}-steady")
-        conf, rs = self.shipper(kind, topic, f"{kind}-steady")
-        conf["records"] = n
+    @contextlib.contextmanager
+    def pipeline(
+        self, kind: str, run: str
+    ) -> Iterator[tuple[dict[str, Any], Rsyslogd | None, Seen]]:
+        """A fresh topic, the shipper (rsyslogd, or none: logsdk's is in the application),
+        and a consumer of the topic; all stopped on the way out."""
+        topic = self.topic(f"{kind}-{run}")
+        conf, rs = self.shipper(kind, topic, f"{kind}-{run}")
         seen = Seen(self.bootstrap, topic)
         try:
+            yield conf, rs, seen
+        finally:
+            seen.close()
+            if rs:
+                rs.stop()
+
+    def steady(self, kind: str) -> dict[str, Any]:
+        n = self.args.records
+        with self.pipeline(kind, "steady") as (conf, rs, seen):
+            conf["records"] = n
             app = App(kind, "steady", conf)
             cpu0 = rs.cpu_s() if rs else 0.0
             t0 = time.monotonic() + 0.3
@@ -501,22 +515,15 @@ class Bench:
             seen.wait_for(range(n), timeout=1, quiet_s=2.0)  # late duplicates
             res.update(seen.report(range(n)))
             return res
-        finally:
-            seen.close()
-            if rs:
-                rs.stop()
 
     def outage(self, kind: str) -> dict[str, Any]:
         a = self.args
         n, rate = a.records, a.rate
         run_s = n / rate
         down_at, up_at = run_s * 0.25, run_s * 0.25 + a.outage
-        topic = self.topic(f"{kind}-outage")
-        conf, rs = self.shipper(kind, topic, f"{kind}-outage")
-        conf.update(records=n, rate=rate, switch_interval=a.switch_interval,
-                    replay_max_rate=a.replay_max_rate)  # fmt: skip
-        seen = Seen(self.bootstrap, topic)
-        try:
+        with self.pipeline(kind, "outage") as (conf, _, seen):
+            conf.update(records=n, rate=rate, switch_interval=a.switch_interval,
+                        replay_max_rate=a.replay_max_rate)  # fmt: skip
             app = App(kind, "outage", conf)
             t0 = time.monotonic() + 0.3
             windows = {"before": (t0, t0 + down_at), "during": (t0 + down_at, t0 + up_at),
@@ -538,43 +545,34 @@ class Bench:
             res["down_at_s"], res["up_at_s"] = down_at, up_at
             res.update(seen.report(range(n)))
             return res
-        finally:
-            seen.close()
-            if rs:
-                rs.stop()
 
     def crash(self, kind: str) -> dict[str, Any]:
         n = self.args.crash_lines
-        topic = self.topic(f"{kind}-crash")
-        conf, rs = self.shipper(kind, topic, f"{kind}-crash")
-        conf.update(records=n)
-        seen = Seen(self.bootstrap, topic)
-        try:
-            app = App(kind, "crash", conf)  # warmed up: connected to the broker
-            self.down()
-            app.go(time.monotonic())
-            app.result()
-            time.sleep(1.0)
-            if rs:  # the shipper
-                rs.kill()
-                app.kill()
-                rs.start()
-            else:  # the producer is in the application
-                app.kill()
-                conf.update(records=1, first=n)  # a new process on the same spool
-            self.up()
-            if not rs:
-                again = App(kind, "steady", conf)
-                again.go(time.monotonic())
-                again.result()
-                again.wait()
-            seen.wait_for(range(n), timeout=60, quiet_s=2.0)
-            return {"lines": n, **seen.report(range(n))}
-        finally:
-            self.up()
-            seen.close()
-            if rs:
-                rs.stop()
+        with self.pipeline(kind, "crash") as (conf, rs, seen):
+            conf.update(records=n)
+            try:
+                app = App(kind, "crash", conf)  # warmed up: connected to the broker
+                self.down()
+                app.go(time.monotonic())
+                app.result()
+                time.sleep(1.0)
+                if rs:  # the shipper
+                    rs.kill()
+                    app.kill()
+                    rs.start()
+                else:  # the producer is in the application
+                    app.kill()
+                    conf.update(records=1, first=n)  # a new process on the same spool
+                self.up()
+                if not rs:
+                    again = App(kind, "steady", conf)
+                    again.go(time.monotonic())
+                    again.result()
+                    again.wait()
+                seen.wait_for(range(n), timeout=60, quiet_s=2.0)
+                return {"lines": n, **seen.report(range(n))}
+            finally:
+                self.up()
 
 
 def _r(name: str, unit: str, value: float, baseline: str, base: float | None,

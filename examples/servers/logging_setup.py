@@ -32,8 +32,12 @@ def configure() -> None:
                     "spool_dir": os.environ.get("LOGSDK_SPOOL_DIR", "/tmp/logsdk-app"),
                     "buffer": os.environ.get("LOGSDK_BUFFER", "memory"),
                     "close_timeout": 5.0,  # what process exit spends delivering
-                }
+                },
+                # logsdk's own warnings (an outage, records kept in the spool at exit):
+                # never shipped through Kafka, so shown on stderr.
+                "stderr": {"class": "logging.StreamHandler", "level": "WARNING"},
             },
+            "loggers": {"logsdk": {"handlers": ["stderr"]}},
             "root": {"level": "INFO", "handlers": ["kafka"]},
         }
     )
