@@ -69,21 +69,21 @@ def _quiet() -> logging.Logger:
     return quiet
 
 
-def rsyslog_missing() -> str | None:
-    """Why the peer cannot run here, or None."""
-    exe = shutil.which("rsyslogd") or next(
+def _rsyslogd() -> str | None:
+    """rsyslogd's path (on PATH, or where Debian puts it for root), or None."""
+    return shutil.which("rsyslogd") or next(
         (p for p in ("/usr/sbin/rsyslogd", "/sbin/rsyslogd") if os.path.exists(p)), None
     )
-    if exe is None:
+
+
+def rsyslog_missing() -> str | None:
+    """Why the peer cannot run here, or None."""
+    if _rsyslogd() is None:
         return "rsyslogd is not installed (Debian: apt-get install rsyslog rsyslog-kafka)"
     libdirs = [Path(OMKAFKA).parent, Path("/usr/lib/rsyslog"), Path("/usr/lib64/rsyslog")]
     if not any((d / "omkafka.so").exists() for d in libdirs):
         return "rsyslog's Kafka output omkafka is not installed (Debian: rsyslog-kafka)"
     return None
-
-
-def _rsyslogd() -> str:
-    return shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
 
 
 # -- rsyslogd ------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ class Rsyslogd:
         with contextlib.suppress(FileNotFoundError):
             pidfile.unlink()
         self.proc = subprocess.Popen(
-            [_rsyslogd(), "-n", "-f", str(self.conf), "-i", str(pidfile)],
+            [_rsyslogd() or "rsyslogd", "-n", "-f", str(self.conf), "-i", str(pidfile)],
             stdout=subprocess.DEVNULL,
             stderr=open(self.root / "stderr.log", "ab"),  # noqa: SIM115  # the child's
         )

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logsdk.testing._broker import _die_with_parent, _spawner, free_port
+from logsdk.testing._broker import free_port, spawn_logged
 from spark_sink._session import _LOG4J2
 
 if TYPE_CHECKING:
@@ -130,19 +130,7 @@ class StandaloneCluster:
         log = open(self.workdir / "logs" / f"{name}.out", "ab")  # noqa: SIM115 - the child's
         cmd, env = [str(spark_home() / "bin" / "spark-class"), *args], self.env()
         try:
-            # As the embedded broker's children: a group of its own, and SIGKILLed by the
-            # kernel if this process dies first (forked from the spawner's long-lived thread).
-            return _spawner.run(
-                lambda: subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
-                    close_fds=True,
-                )
-            )
+            return spawn_logged(cmd, env, log)  # as the embedded broker's children
         finally:
             log.close()
 

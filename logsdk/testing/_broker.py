@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import IO, Any, Literal, TypeVar
 
 from logsdk._types import ClientConfig
 from logsdk.errors import BrokerBinaryNotFound, BrokerStartError, ConfigError, PortInUseError
@@ -176,6 +176,23 @@ class _Spawner:
 _spawner = _Spawner()
 
 
+def spawn_logged(cmd: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` with its stdout and stderr in ``log``: in a process group of its own,
+    SIGKILLed by the kernel if this process dies first (forked from :data:`_spawner`'s
+    long-lived thread, so that the death signal is tied to the process)."""
+    return _spawner.run(
+        lambda: subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            close_fds=True,
+        )
+    )
+
+
 class _Child:
     """One child process with its output in a file, for the log tail on errors."""
 
@@ -183,18 +200,7 @@ class _Child:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait_dead()
-        log_file = self._log
-        self.proc = _spawner.run(
-            lambda: subprocess.Popen(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-                close_fds=True,
-            )
-        )
+        self.proc = spawn_logged(cmd, env, self._log)
 
     @property
     def pid(self) -> int:
