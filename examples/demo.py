@@ -24,6 +24,7 @@ from pathlib import Path
 
 RECORDS = 20_000
 TOPIC = "demo-logs"
+LOGGERS = ("api", "db", "worker", "auth", "billing")
 
 
 def _progress(p: object, stop: threading.Event) -> None:
@@ -41,14 +42,19 @@ def _progress(p: object, stop: threading.Event) -> None:
         )
 
 
-def produce(bootstrap: str, broker: object, spool: Path) -> dict[str, object]:
-    """Send RECORDS JSON records, killing the broker at 30% and restarting it 2 s later."""
+def produce(bootstrap: str, broker: object, spool: Path) -> tuple[dict[str, object], set[int]]:
+    """Send RECORDS JSON records, killing the broker at 30% and restarting it 2 s later.
+    Returns the producer's stats and the seqs of its unconfirmed delivery reports."""
     from logsdk import LogProducer
     from logsdk.testing import EmbeddedBroker
+    from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 
     assert isinstance(broker, EmbeddedBroker)
     print(f"[1/3] producing {RECORDS} records; the broker is SIGKILLed at 30%, back 2 s later")
     p = LogProducer(bootstrap, TOPIC, spool, stall_timeout_s=3, probe_interval_s=0.2)
+    # Each delivery report, to tell a record resent after an unconfirmed one (below).
+    reports: list[str] = []
+    trace_deliveries(p, reports.append)
     stop = threading.Event()
     ticker = threading.Thread(target=_progress, args=(p, stop), daemon=True)
     ticker.start()
@@ -60,7 +66,14 @@ def produce(bootstrap: str, broker: object, spool: Path) -> dict[str, object]:
                 restart = threading.Timer(2.0, broker.restart)
                 restart.start()
             level = ("INFO", "WARNING", "ERROR")[i % 3]
-            p.send({"level": level, "logger": "demo", "message": f"record {i}", "n": i})
+            logger = LOGGERS[i % len(LOGGERS)]
+            # Keyed by logger: each logger's records stay in one partition, in order. A
+            # record without a key is partitioned again when it is resent after an outage,
+            # so it may land in another partition, after records sent later there.
+            p.send(
+                {"level": level, "logger": logger, "message": f"record {i}", "n": i},
+                key=logger,
+            )
             if i % 500 == 0:
                 time.sleep(0.1)  # a steady trickle, so the outage lands mid-stream
         if restart is not None:
@@ -77,7 +90,9 @@ def produce(bootstrap: str, broker: object, spool: Path) -> dict[str, object]:
     stats = p.stats()
     if sys.stdout.isatty():
         print()
-    return stats
+    # Kept beside the spool: "seq partition offset error time" per report, for a failure.
+    (spool.parent / "deliveries.txt").write_text("".join(reports))
+    return stats, unconfirmed_seqs(reports)
 
 
 _CHILD = """
@@ -137,6 +152,18 @@ def consume(bootstrap: str, db: Path, expected: int) -> tuple[int, int, int]:
     return rows, distinct, kills
 
 
+def _ranges(seqs: list[int], shown: int = 12) -> str:
+    """``[3, 4, 5, 9]`` as ``"3-5, 9"``: the first ``shown`` runs, then how many more."""
+    runs: list[list[int]] = []
+    for s in seqs:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    text = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs[:shown])
+    return text + (f" and {len(runs) - shown} more runs" if len(runs) > shown else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.parse_args()
@@ -144,6 +171,7 @@ def main() -> int:
     # The client's own connection errors while the broker is down are expected here.
     logging.getLogger("logsdk.librdkafka").setLevel(logging.CRITICAL)
     from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
+    from logsdk.testing._check import identity
 
     work = Path(tempfile.mkdtemp(prefix="logsdk-demo-"))
     t0 = time.monotonic()
@@ -151,14 +179,15 @@ def main() -> int:
         bootstrap = broker.bootstrap_servers
         print(f"embedded broker (durable) at {bootstrap}; work dir {work}")
         create_topic(bootstrap, TOPIC, 3)
-        ps = produce(bootstrap, broker, work / "spool")
+        ps, unconfirmed = produce(bootstrap, broker, work / "spool")
         print(
             f"  producer: sent={ps['sent']} acked={ps['acked']} spooled={ps['spooled']} "
             f"replayed={ps['replayed']} dropped={ps['dropped']} state={ps['state']}"
         )
         rows, distinct, kills = consume(bootstrap, work / "sink.db", int(str(ps["sent"])))
         print("[3/3] counting with a plain confluent-kafka reader")
-        report = check_delivery(read_topic(bootstrap, TOPIC))
+        wire = list(read_topic(bootstrap, TOPIC))
+        report = check_delivery(wire)
         pid = str(ps["producer_id"])
         lost = len(report.missing(pid, range(int(str(ps["sent"])))))
     print()
@@ -170,15 +199,34 @@ def main() -> int:
     print(f"  consumed into SQLite    {distinct}  (consumer SIGKILLed {kills}x)")
     print(f"  duplicates in SQLite    {rows - distinct}")
     print(f"  lost                    {lost + (int(str(ps['sent'])) - distinct)}")
-    print(f"  order violations        {report.order_violations}")
+    # The one exception to order (docs/guarantees.md): a restarted broker may answer
+    # "duplicate sequence" for records it did not store; librdkafka reports them delivered
+    # without an offset, the producer counts that as unconfirmed and resends them, and
+    # they land after records sent later. Any other record out of order fails the demo.
+    late = sorted(s for p, s in report.order_violators if p == pid and s in unconfirmed)
+    other = sorted(s for p, s in report.order_violators if p != pid or s not in unconfirmed)
+    print(f"  order violations        {len(other)}")
+    if late:
+        print(
+            f"  resent, landed late     {len(late)}  (unconfirmed by the restarted broker: "
+            f"{_ranges(late)})"
+        )
+    if other:
+        print(f"    out of order: {_ranges(other)}")
     print(f"  took {time.monotonic() - t0:.1f}s")
     ok = (
         lost == 0
         and distinct == ps["sent"]
         and rows == distinct
-        and report.order_violations == 0
+        and not other
         and ps["dropped"] == 0
     )
+    if not ok:
+        with (work / "wire.txt").open("w") as f:  # "partition offset seq" as a reader saw
+            for m in wire:
+                ident = identity(m)
+                f.write(f"{m.partition()} {m.offset()} {ident[1] if ident else -1}\n")
+        print(f"  delivery reports and the topic as read: {work}/deliveries.txt, wire.txt")
     print("OK: nothing lost, nothing repeated" if ok else "FAILED: see the counts above")
     return 0 if ok else 1
 
