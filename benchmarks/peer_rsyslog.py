@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,8 +179,19 @@ class Rsyslogd:
 
 
 #: The applications: a plain line to rsyslogd (which makes the JSON document), the JSON
-#: document made in the application and sent to rsyslogd, and logsdk's KafkaHandler.
-KINDS = ("syslog", "syslog-json", "kafka")
+#: document made in the application and sent to rsyslogd, and logsdk's KafkaHandler
+#: (inline, and in background mode); then
+#: the same through structlog (JSONRenderer -> logging -> SysLogHandler, against logsdk's
+#: KafkaRenderer) and loguru (a plain line through SysLogHandler as its sink, against
+#: logsdk's KafkaSink), in the steady run.
+KINDS = ("syslog", "syslog-json", "kafka", "kafka-bg", "structlog-syslog",
+         "structlog-kafka", "loguru-syslog", "loguru-kafka")  # fmt: skip
+#: logsdk's KafkaHandler pipelines: inline (the default), and ``background=True`` (the
+#: document built and sent on the handler's own thread); the suffix of their figures.
+_HANDLERS = (("kafka", ""), ("kafka-bg", ".background"))
+#: Pipelines that send to rsyslogd, and of those the ones whose line is already JSON.
+_TO_RSYSLOG = ("syslog", "syslog-json", "structlog-syslog", "loguru-syslog")
+_JSON_LINES = ("syslog-json", "structlog-syslog")
 #: The application logs through this many loggers (``app.0`` ...), line i through
 #: ``app.<i % LOGGERS>``: KafkaHandler keys a record by its logger's name, and with one
 #: logger every line would go to one partition (the mock broker keeps 5 MiB of each).
@@ -222,10 +234,101 @@ def _app_logger(kind: str, conf: dict[str, Any]) -> tuple[logging.Logger, loggin
             bootstrap_servers=conf["bootstrap"],
             topic=conf["topic"],
             spool_dir=conf["spool"],
+            background=kind == "kafka-bg",
             **extra,
         )
     log.handlers[:] = [handler]
     return log, handler
+
+
+#: ``emit(i)`` logs line ``i``; ``close()`` ends the pipeline as an exit would; the producer
+#: (logsdk's pipelines) or None.
+Emitters = tuple[list[Callable[[int], None]], Callable[[], None], Any]
+
+
+def _syslog_handler(conf: dict[str, Any], fmt: str) -> logging.Handler:
+    from logging.handlers import SysLogHandler
+
+    handler = SysLogHandler(address=conf["sock"], socktype=socket.SOCK_DGRAM)
+    handler.setFormatter(logging.Formatter(fmt))
+    return handler
+
+
+def _emitters(kind: str, conf: dict[str, Any]) -> Emitters:
+    """One logging call per logger for ``kind`` (line i through logger ``i % LOGGERS``),
+    each the way an application of that library writes it."""
+    pad = "x" * PAD
+    names = [f"app.{j}" for j in range(LOGGERS)]
+    logsdk_args = {"bootstrap_servers": conf.get("bootstrap"), "topic": conf.get("topic"),
+                   "spool_dir": conf.get("spool")}  # fmt: skip
+    if conf.get("replay_max_rate"):
+        logsdk_args["replay_max_rate"] = float(conf["replay_max_rate"])
+    if kind.startswith("structlog"):
+        import structlog
+
+        chain: list[Any] = [
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ]
+        if kind == "structlog-syslog":  # the usual production setup: JSON through logging
+            root = logging.getLogger("app")
+            root.propagate = False
+            root.setLevel(logging.INFO)
+            handler = _syslog_handler(conf, "%(message)s")
+            handler.ident = "app: "  # type: ignore[attr-defined]  # the tag: %msg% follows
+            root.handlers[:] = [handler]
+            chain.append(structlog.processors.JSONRenderer())
+            factory: Any = structlog.stdlib.LoggerFactory()
+            close, producer = handler.close, None
+        else:
+            from logsdk.integrations.structlog import KafkaRenderer
+
+            kafka = KafkaRenderer(output=False, **logsdk_args)
+            chain.append(kafka)
+            factory = structlog.PrintLoggerFactory()
+            close, producer = kafka.close, kafka.producer
+        structlog.configure(processors=chain, logger_factory=factory,
+                            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+                            cache_logger_on_first_use=True)  # fmt: skip
+        infos = [structlog.get_logger(n).bind(logger=n).info for n in names]
+        return (
+            [(lambda i, f=f: f("request done", rid=i, ms=12.5, pad=pad)) for f in infos],
+            close,
+            producer,
+        )
+    if kind.startswith("loguru"):
+        from loguru import logger
+
+        logger.remove()
+        if kind == "loguru-syslog":  # a stdlib handler as loguru's sink
+            handler = _syslog_handler(conf, "%(message)s")
+            logger.add(handler, level="INFO",
+                       format="{name}[{process}]: {message} rid={extra[rid]}")  # fmt: skip
+            close, producer = logger.remove, None
+        else:
+            from logsdk.integrations.loguru import KafkaSink
+
+            sink = KafkaSink(**logsdk_args)
+            logger.add(sink, level="INFO", format="{message}")
+            close, producer = logger.remove, sink.producer
+        # A logger per name (loguru names a record by its module; an application's modules
+        # log under their own names).
+        infos = [logger.patch(lambda r, n=n: r.update(name=n)).info for n in names]  # type: ignore[typeddict-item]
+        return (
+            [(lambda i, f=f: f("request {} done in {} ms {}", i, 12.5, pad, rid=i)) for f in infos],
+            close,
+            producer,
+        )
+    _, handler = _app_logger(kind, conf)
+    stdlib = [logging.getLogger(n).info for n in names]
+    return (
+        [
+            (lambda i, f=f: f("request %d done in %s ms %s", i, 12.5, pad, extra={"rid": i}))
+            for f in stdlib
+        ],
+        handler.close,
+        getattr(handler, "producer", None),
+    )
 
 
 def _quantiles(lat_ns: list[int]) -> dict[str, float]:
@@ -246,18 +349,20 @@ def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
     """The application: log lines as told, report what its thread saw as JSON on stdout."""
     if conf.get("switch_interval"):
         sys.setswitchinterval(float(conf["switch_interval"]))
-    log, handler = _app_logger(kind, conf)
-    pad = "x" * PAD
-    log.info("warm-up %s", pad, extra={"rid": -1})
-    if kind == "kafka" and handler.producer.flush(60):  # type: ignore[attr-defined]
-        raise RuntimeError("warm-up line not delivered")
+    emit, close, producer = _emitters(kind, conf)
+    emit[0](-1)  # warm-up (a line with a negative rid is not counted)
+    if producer is not None:
+        deadline = time.monotonic() + 60
+        while producer.stats()["sent"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # background mode: the handler's thread sends it
+        if producer.flush(max(0.0, deadline - time.monotonic())):
+            raise RuntimeError("warm-up line not delivered")
     print("ready", flush=True)
     go = json.loads(sys.stdin.readline())
     n, rate, first = int(conf["records"]), float(conf.get("rate") or 0), int(conf.get("first", 0))
     starts = [0] * n
     lats = [0] * n
     mono = time.monotonic_ns
-    infos = [logging.getLogger(f"app.{j}").info for j in range(LOGGERS)]
     t0 = int(go["t0"] * 1e9)
     while mono() < t0:
         time.sleep(0.0005)
@@ -271,17 +376,13 @@ def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
             if due > now + 1_000_000:  # more than 1 ms ahead: sleep (else log at once)
                 time.sleep((due - now) / 1e9)
             s = mono()
-            infos[i % LOGGERS](
-                "request %d done in %s ms %s", first + i, 12.5, pad, extra={"rid": first + i}
-            )
+            emit[i % LOGGERS](first + i)
             e = mono()
             starts[i], lats[i] = s, e - s
     else:
         for i in range(n):
             s = mono()
-            infos[i % LOGGERS](
-                "request %d done in %s ms %s", first + i, 12.5, pad, extra={"rid": first + i}
-            )
+            emit[i % LOGGERS](first + i)
             e = mono()
             starts[i], lats[i] = s, e - s
     th1, w1 = time.thread_time_ns(), mono()
@@ -302,13 +403,10 @@ def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
     if mode == "crash":
         print(json.dumps(out), flush=True)
         time.sleep(3600)  # SIGKILLed by the parent
-    if kind == "kafka":
-        handler.close()  # delivers (close_timeout), as logging.shutdown() would at exit
-        out["dropped"] = handler.dropped  # type: ignore[attr-defined]
-        out["stats"] = {k: v for k, v in handler.producer.stats().items()  # type: ignore[attr-defined]
+    close()  # logsdk's deliver (close_timeout), as at exit
+    if producer is not None:
+        out["stats"] = {k: v for k, v in producer.stats().items()
                         if isinstance(v, (int, float, str))}  # fmt: skip
-    else:
-        handler.close()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     out["process_cpu_s"] = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     out["done"] = time.monotonic()
@@ -471,8 +569,8 @@ class Bench:
             "bootstrap": self.bootstrap,
             "spool": str(d / "spool"),
         }
-        if kind.startswith("syslog"):
-            template = "msgonly" if kind == "syslog-json" else "json"
+        if kind in _TO_RSYSLOG:
+            template = "msgonly" if kind in _JSON_LINES else "json"
             rs = Rsyslogd(d / "rsyslog", self.bootstrap, topic, template).start()
             conf["sock"] = rs.sock
             return conf, rs
@@ -590,8 +688,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--outage", type=float, default=10.0, help="seconds the broker is down")
     ap.add_argument("--crash-lines", type=int, default=2_000)
     ap.add_argument("--runs", default="steady,outage,crash")
-    ap.add_argument("--pipelines", default="syslog,syslog-json,kafka",
-                    help="syslog-json runs in the steady run only")  # fmt: skip
+    ap.add_argument("--pipelines", default=",".join(KINDS),
+                    help="all but syslog and kafka run in the steady run only")  # fmt: skip
     ap.add_argument(
         "--replay-max-rate",
         type=float,
@@ -626,7 +724,7 @@ def main(argv: list[str]) -> int:
         bench = Bench(args, cluster, Path(d))
         for run in args.runs.split(","):
             for kind in kinds:
-                if kind == "syslog-json" and run != "steady":
+                if kind not in ("syslog", "kafka", "kafka-bg") and run != "steady":
                     continue  # the shipper's side is the same as syslog's
                 print(f"peer_rsyslog: {kind} {run} ...", file=sys.stderr, flush=True)
                 out[f"{kind}.{run}"] = getattr(bench, run)(kind)
@@ -658,12 +756,12 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
     params: dict[str, Any] = {"records": args.records, "partitions": PARTITIONS,
                               "loggers": LOGGERS, "python": sys.version.split()[0]}  # fmt: skip
     res: list[dict[str, Any]] = []
-    k = out.get("kafka.steady")
-    for base_kind, suffix, what in (
+    for (kkind, ksuffix), (base_kind, bsuffix, what) in itertools.product(_HANDLERS, (
         ("syslog", "", "SysLogHandler, plain line (rsyslogd makes the JSON)"),
         ("syslog-json", ".json_in_app", "SysLogHandler, python-json-logger (same fields)"),
-    ):
-        s = out.get(f"{base_kind}.steady")
+    )):  # fmt: skip
+        suffix = ksuffix + bsuffix
+        s, k = out.get(f"{base_kind}.steady"), out.get(f"{kkind}.steady")
         if not (s and k):
             continue
         p = {**params, "rsyslogd_cpu_s": round(s["shipper_cpu_s"], 2),
@@ -680,7 +778,49 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
                k["pipeline_cpu_us_per_record"], f"{what}, app + rsyslogd",
                s["pipeline_cpu_us_per_record"], 1.0, p),
         ]  # fmt: skip
-    s, k = out.get("syslog.outage"), out.get("kafka.outage")
+    for lib, what in (
+        ("structlog", "structlog JSONRenderer -> logging -> SysLogHandler"),
+        ("loguru", "loguru with SysLogHandler as its sink, plain line (rsyslogd makes the JSON)"),
+    ):
+        s, k = out.get(f"{lib}-syslog.steady"), out.get(f"{lib}-kafka.steady")
+        if not (s and k):
+            continue
+        p = {**params, "rsyslogd_cpu_s": round(s["shipper_cpu_s"], 2),
+             "p99_us": [k["overall"]["p99_us"], s["overall"]["p99_us"]],
+             "max_us": [k["overall"]["max_us"], s["overall"]["max_us"]]}  # fmt: skip
+        res += [
+            _r(f"peer.{lib}.app_thread_cpu_us_per_call", "µs/call",
+               k["thread_cpu_us_per_call"], what, s["thread_cpu_us_per_call"], 1.0, p),
+            _r(f"peer.{lib}.app_wall_us_per_call", "µs/call", k["wall_us_per_call"], what,
+               s["wall_us_per_call"], None, p),
+            _r(f"peer.{lib}.pipeline_cpu_us_per_record", "µs/record",
+               k["pipeline_cpu_us_per_record"], f"{what}, app + rsyslogd",
+               s["pipeline_cpu_us_per_record"], 1.0, p),
+        ]  # fmt: skip
+    for kkind, suffix in _HANDLERS:
+        res += _outage_figures(out, params, args, kkind, suffix)
+    s, k = out.get("syslog.crash"), out.get("kafka.crash")
+    if s and k:
+        res.append(_r("peer.shipper_sigkill_lost", "lines", k["missing"], "rsyslogd SIGKILLed",
+                      s["missing"], None, {"lines": args.crash_lines}))  # fmt: skip
+    s, k = out.get("syslog.crash"), out.get("kafka-bg.crash")
+    if s and k:
+        res.append(_r("peer.shipper_sigkill_lost.background", "lines", k["missing"],
+                      "rsyslogd SIGKILLed", s["missing"], None,
+                      {"lines": args.crash_lines}))  # fmt: skip
+    return res
+
+
+def _outage_figures(
+    out: dict[str, dict[str, Any]],
+    params: dict[str, Any],
+    args: argparse.Namespace,
+    kkind: str,
+    suffix: str,
+) -> list[dict[str, Any]]:
+    """The outage run's figures for one of logsdk's handler pipelines."""
+    res: list[dict[str, Any]] = []
+    s, k = out.get("syslog.outage"), out.get(f"{kkind}.outage")
     if s and k:
         p = {**params, "rate": args.rate, "outage_s": args.outage,
              "replay_max_rate": args.replay_max_rate or "default",
@@ -693,18 +833,15 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
         kd = max(k["during"]["max_us"], k["after"]["max_us"]) / 1e3
         sd = max(s["during"]["max_us"], s["after"]["max_us"]) / 1e3
         res += [
-            _r("peer.outage_max_call_ms", "ms", kd, "SysLogHandler to rsyslogd", sd, None,
-               {**p, "goal_ms": 2.0}),
-            _r("peer.outage_p99_us", "µs", max(k["during"]["p99_us"], k["after"]["p99_us"]),
+            _r(f"peer.outage_max_call_ms{suffix}", "ms", kd, "SysLogHandler to rsyslogd", sd,
+               None, {**p, "goal_ms": 2.0}),
+            _r(f"peer.outage_p99_us{suffix}", "µs",
+               max(k["during"]["p99_us"], k["after"]["p99_us"]),
                "the same pipeline before the outage", k["before"]["p99_us"], 1.0, p),
         ]  # fmt: skip
         if k["caught_up_s"] is not None and s["caught_up_s"] is not None:
-            res.append(_r("peer.outage_caught_up_s", "s", k["caught_up_s"], "rsyslog omkafka",
-                          s["caught_up_s"], None, p))  # fmt: skip
-    s, k = out.get("syslog.crash"), out.get("kafka.crash")
-    if s and k:
-        res.append(_r("peer.shipper_sigkill_lost", "lines", k["missing"], "rsyslogd SIGKILLed",
-                      s["missing"], None, {"lines": args.crash_lines}))  # fmt: skip
+            res.append(_r(f"peer.outage_caught_up_s{suffix}", "s", k["caught_up_s"],
+                          "rsyslog omkafka", s["caught_up_s"], None, p))  # fmt: skip
     return res
 
 

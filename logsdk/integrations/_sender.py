@@ -72,22 +72,33 @@ def utc_now_iso() -> str:
     return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def add_trace_context(doc: dict[str, Any]) -> None:
-    """Add ``trace_id`` and ``span_id`` (lower-case hex, 32 and 16 digits, as OpenTelemetry
-    writes them) of the span active on this thread, when OpenTelemetry is in use.
+def trace_context() -> tuple[str, str] | None:
+    """``(trace_id, span_id)`` (lower-case hex, 32 and 16 digits, as OpenTelemetry writes
+    them) of the span active on this thread, when OpenTelemetry is in use; else None.
 
     Costs one dict lookup when ``opentelemetry.trace`` was never imported (it is not
-    imported here); fields the record already has are kept."""
+    imported here)."""
     trace = sys.modules.get("opentelemetry.trace")
     if trace is None:
-        return
+        return None
     try:
         ctx = trace.get_current_span().get_span_context()
     except Exception:  # an API too old or broken: the record goes without
-        return
+        return None
     if ctx.is_valid:
-        doc.setdefault("trace_id", format(ctx.trace_id, "032x"))
-        doc.setdefault("span_id", format(ctx.span_id, "016x"))
+        return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
+    return None
+
+
+def add_trace_context(doc: dict[str, Any], ctx: tuple[str, str] | None = None) -> None:
+    """Add ``trace_id`` and ``span_id`` of ``ctx``, or of the span active on this thread
+    (see :func:`trace_context`); fields the record already has are kept."""
+    if ctx is None:
+        ctx = trace_context()
+        if ctx is None:
+            return
+    doc.setdefault("trace_id", ctx[0])
+    doc.setdefault("span_id", ctx[1])
 
 
 def is_sdk_logger(name: object) -> bool:

@@ -7,9 +7,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from logsdk.integrations._sender import JsonSender
+from logsdk.errors import ConfigError
+from logsdk.integrations._handoff import Handoff
+from logsdk.integrations._sender import JsonSender, add_trace_context, trace_context
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
+
+log = logging.getLogger("logsdk.integrations")
+
+#: Records a background handler holds at most, handed over and not yet sent.
+BACKGROUND_MAX_RECORDS = 10_000
 
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -41,23 +48,33 @@ def iso_utc(created: float) -> str:
     return f"{cached[1]}+00:00"
 
 
+def exception_text(record: logging.LogRecord) -> str | None:
+    """The record's formatted traceback (``exc_info``), or its ``exc_text``, or None."""
+    if record.exc_info:
+        return logging.Formatter().formatException(record.exc_info)
+    return record.exc_text or None
+
+
 def record_to_dict(
-    record: logging.LogRecord, host: str, static: Mapping[str, Any]
+    record: logging.LogRecord,
+    host: str,
+    static: Mapping[str, Any],
+    taken: tuple[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """The JSON document written for one log record."""
+    """The JSON document written for one log record. ``taken``: its message and exception
+    text as they were at the log call (else they are read from the record now)."""
+    message, exception = (record.getMessage(), exception_text(record)) if taken is None else taken
     doc: dict[str, Any] = {
         "timestamp": iso_utc(record.created),
         "level": record.levelname,
         "logger": record.name,
-        "message": record.getMessage(),
+        "message": message,
         "host": host,
         "pid": record.process,
         "thread": record.threadName,
     }
-    if record.exc_info:
-        doc["exception"] = logging.Formatter().formatException(record.exc_info)
-    elif record.exc_text:
-        doc["exception"] = record.exc_text
+    if exception is not None:
+        doc["exception"] = exception
     attrs = vars(record)
     added = attrs.keys() - _STANDARD  # in C; most records have none, or one or two
     if added:
@@ -81,6 +98,18 @@ class KafkaHandler(logging.Handler):
     ``close()`` closes: usable from ``logging.config.dictConfig``. Records of the
     ``logsdk`` loggers themselves are skipped, so the SDK never logs into itself.
 
+    ``background=True`` keeps the application's thread to what must be taken at the call
+    (the message, the exception's text, the OpenTelemetry span) and hands the record to a
+    thread of the handler's (``logsdk-handler``), which builds the JSON document and sends
+    it, in the order of the calls. A call then costs a few microseconds instead of the
+    document's building and the producer's ``send()``; in exchange the record waits in
+    this process's memory until that thread sends it (at most ``BACKGROUND_MAX_RECORDS``:
+    past them a call waits up to ``max_block_s``, then the record is dropped and counted),
+    and ``extra`` values are read on that thread: pass values, not objects changed after
+    the call. ``flush()``, ``close()``, the exit and a fork account for handed-over
+    records as for the producer's own; it cannot be combined with ``buffer="shm"`` (whose
+    records must survive the process: a handed-over one would not).
+
     At exit, ``logging.shutdown()`` calls ``flush()`` then ``close()``. ``flush()`` makes
     the records durable (acknowledged by Kafka or committed to the spool, at most
     ``flush_timeout`` seconds); ``close()`` delivers an owned producer's records to Kafka,
@@ -98,10 +127,16 @@ class KafkaHandler(logging.Handler):
         max_block_s: float = 0.5,
         close_timeout: float = 5.0,
         flush_timeout: float = 5.0,
+        background: bool = False,
         **producer_kwargs: Any,
     ) -> None:
         super().__init__(level)
         self.flush_timeout = check_seconds(flush_timeout, "flush_timeout")
+        if background and producer_kwargs.get("buffer") == "shm":
+            raise ConfigError(
+                "background=True holds records in this process until its thread sends "
+                "them; buffer='shm' keeps them past the process's death: use one or the other"
+            )
         # Owning or borrowing the producer, JSON, the re-entrancy guard and the drop
         # count are the same for every adapter: JsonSender does them.
         self._sender = JsonSender(
@@ -112,6 +147,22 @@ class KafkaHandler(logging.Handler):
             close_timeout=close_timeout,
         )
         self.producer = self._sender.producer
+        if background and self.producer.config.buffer == "shm":
+            self._sender.close()
+            raise ConfigError(
+                "background=True cannot feed a producer with buffer='shm' (its records "
+                "must survive the process; a handed-over one would not)"
+            )
+        self._handoff: Handoff | None = None
+        if background:
+            self._handoff = Handoff(
+                self._send_taken,
+                bound=BACKGROUND_MAX_RECORDS,
+                max_block_s=check_seconds(max_block_s, "max_block_s"),
+                name="logsdk-handler",
+                close_timeout=self._sender.close_timeout,
+                on_left=self._left_unsent,
+            )
 
     @property
     def dropped(self) -> int:
@@ -134,7 +185,18 @@ class KafkaHandler(logging.Handler):
         return True
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Serialise and send one record; failures are counted, never raised."""
+        """Serialise and send one record (or, in background mode, hand it over); failures
+        are counted, never raised."""
+        handoff = self._handoff
+        if handoff is not None:
+            try:
+                item = (record, record.getMessage(), exception_text(record), trace_context())
+            except Exception:
+                self._sender.drop()
+                return
+            if not handoff.put(item):
+                self._sender.drop()
+            return
         try:
             doc = record_to_dict(record, self._sender.host, {})
         except Exception:
@@ -142,16 +204,47 @@ class KafkaHandler(logging.Handler):
             return
         self._sender.send(doc, key=record.name)
 
+    def _send_taken(self, item: tuple[logging.LogRecord, str, str | None, Any]) -> None:
+        """The hand-over thread: the document of a record handed over, sent."""
+        record, message, exception, trace = item
+        try:
+            doc = record_to_dict(record, self._sender.host, {}, (message, exception))
+            if trace is not None:
+                add_trace_context(doc, trace)
+        except Exception:
+            self._sender.drop()
+            return
+        self._sender.send(doc, key=record.name)
+
+    def _left_unsent(self, n: int) -> None:
+        """Records handed over that the hand-over thread did not send by close()."""
+        if n:
+            for _ in range(n):
+                self._sender.drop()
+            log.warning(
+                "KafkaHandler: %d record(s) handed to its thread were not sent within "
+                "close_timeout=%s s (counted in dropped)",
+                n,
+                self._sender.close_timeout,
+            )
+
     def flush(self) -> None:
-        """Wait (at most ``flush_timeout``) until sent records are in Kafka or the spool."""
-        self._sender.flush_durable(timeout=self.flush_timeout)
+        """Wait (at most ``flush_timeout``) until sent records are in Kafka or the spool
+        (records handed over first reach the producer)."""
+        deadline = time.monotonic() + self.flush_timeout
+        if self._handoff is not None:
+            self._handoff.drain(self.flush_timeout)
+        self._sender.flush_durable(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        """Close the producer if this handler created it: deliver for ``close_timeout``."""
+        """Send what was handed over (background mode), then close the producer if this
+        handler created it: deliver for ``close_timeout``."""
         try:
+            if self._handoff is not None:
+                self._left_unsent(self._handoff.close(self._sender.close_timeout))
             self._sender.close()
         finally:
             super().close()
 
 
-__all__ = ["KafkaHandler", "record_to_dict"]
+__all__ = ["BACKGROUND_MAX_RECORDS", "KafkaHandler", "record_to_dict"]

@@ -74,6 +74,13 @@ at_fork_in_child(_after_fork_in_child)
 
 
 def _close_all_at_exit() -> None:
+    # What adapters handed to a thread of theirs goes to its producer first.
+    handoff = sys.modules.get("logsdk.integrations._handoff")
+    if handoff is not None:
+        try:
+            handoff.close_all()
+        except Exception:
+            log.exception("logsdk: closing a hand-over at exit failed")
     for p, timeout in list(_AT_EXIT.items()):
         try:
             p.close(timeout)

@@ -164,14 +164,14 @@ def test_flush_probes_at_once_instead_of_waiting_for_the_backoff(
 _APP = textwrap.dedent(
     """
     import logging, logging.config, sys, time
-    bootstrap, topic, spool = sys.argv[1:4]
+    bootstrap, topic, spool, background = sys.argv[1:5]
     logging.config.dictConfig({
         "version": 1,
         "handlers": {"kafka": {
             "class": "logsdk.integrations.logging.KafkaHandler",
             "bootstrap_servers": bootstrap, "topic": topic, "spool_dir": spool,
             "probe_timeout_s": 0.5, "probe_backoff_max_s": 0.5, "stall_timeout_s": 2.0,
-            "close_timeout": 10.0,
+            "close_timeout": 10.0, "background": background == "1",
         }},
         "root": {"level": "INFO", "handlers": ["kafka"]},
     })
@@ -186,16 +186,29 @@ _APP = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_an_application_that_just_exits_delivers_its_log_lines(
-    broker_factory: BrokerFactory, spawn: Callable[..., subprocess.Popen[str]], tmp_path: Path
+    broker_factory: BrokerFactory,
+    spawn: Callable[..., subprocess.Popen[str]],
+    tmp_path: Path,
+    background: bool,
 ) -> None:
     """An application logs 10k lines through KafkaHandler (set up by dictConfig) during a 3 s
-    broker outage, then simply exits, without closing anything: logging.shutdown() at exit
-    closes the handler, which delivers every line."""
+    broker outage, then simply exits, without closing anything: the exit closes the
+    handler (in background mode its thread first hands every line to the producer), which
+    delivers every line."""
     broker = broker_factory(durable=True)
     topic = create_topic(broker.bootstrap_servers, "app-exit", 2)
     app = spawn(
-        [sys.executable, "-c", _APP, broker.bootstrap_servers, topic, str(tmp_path / "spool")],
+        [
+            sys.executable,
+            "-c",
+            _APP,
+            broker.bootstrap_servers,
+            topic,
+            str(tmp_path / "spool"),
+            "1" if background else "0",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

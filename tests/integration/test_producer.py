@@ -575,19 +575,27 @@ def test_spool_survives_as_plain_sqlite(
         conn.close()
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_kafka_handler_writes_json_records(
-    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path, background: bool
 ) -> None:
-    """KafkaHandler sends timestamp, level, logger, message, exception, extra, host, pid."""
+    """KafkaHandler sends timestamp, level, logger, message, exception, extra, host, pid;
+    in background mode the same, with the message and traceback as they were at the call
+    (the record's arguments are changed right after it)."""
     topic = fresh_topic(1)
     handler = KafkaHandler(
-        bootstrap_servers=kafka.bootstrap_servers, topic=topic, spool_dir=tmp_path
+        bootstrap_servers=kafka.bootstrap_servers,
+        topic=topic,
+        spool_dir=tmp_path,
+        background=background,
     )
     logger = logging.getLogger("app.handler-test")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        logger.info("hello %s", "world", extra={"user": "ann"})
+        who = ["world"]
+        logger.info("hello %s", who, extra={"user": "ann"})
+        who[0] = "changed after the call"
         try:
             raise ValueError("boom")
         except ValueError:
@@ -597,7 +605,7 @@ def test_kafka_handler_writes_json_records(
         logger.removeHandler(handler)
         handler.close()
     docs = [json.loads(m.value() or b"") for m in read_topic(kafka.bootstrap_servers, topic)]
-    assert [d["message"] for d in docs] == ["hello world", "failed"]
+    assert [d["message"] for d in docs] == ["hello ['world']", "failed"]
     assert docs[0]["level"] == "INFO"
     assert docs[0]["logger"] == "app.handler-test"
     assert docs[0]["extra"] == {"user": "ann"}
@@ -625,15 +633,19 @@ def test_secrets_never_logged(
     assert "hunter2" not in caplog.text
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_kafka_handler_emits_without_the_handler_lock_and_keeps_filters(
-    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path, background: bool
 ) -> None:
     """KafkaHandler.handle() takes no handler lock (emit() is thread-safe): a log call goes
     through while another thread holds that lock. Filters still apply, and the SDK's own
     loggers are never shipped."""
     topic = fresh_topic(1)
     handler = KafkaHandler(
-        bootstrap_servers=kafka.bootstrap_servers, topic=topic, spool_dir=tmp_path
+        bootstrap_servers=kafka.bootstrap_servers,
+        topic=topic,
+        spool_dir=tmp_path,
+        background=background,
     )
     handler.addFilter(lambda r: "secret" not in r.getMessage())
     logger = logging.getLogger("app.lockless")

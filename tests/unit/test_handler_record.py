@@ -6,8 +6,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+from pathlib import Path
 
-from logsdk.integrations.logging import iso_utc, record_to_dict
+import pytest
+
+from logsdk.errors import ConfigError
+from logsdk.integrations.logging import KafkaHandler, iso_utc, record_to_dict
 
 
 def test_timestamps_are_written_as_datetime_writes_them() -> None:
@@ -36,3 +40,17 @@ def test_extra_fields_keep_their_order_and_leave_private_ones_out() -> None:
     assert doc["message"] == "n=3"
     assert "extra" not in record_to_dict(_record(), "h", {})
     assert "extra" not in record_to_dict(_record(_only_private=1), "h", {})
+
+
+def test_background_mode_refuses_the_shm_buffer(tmp_path: Path) -> None:
+    """background=True holds records in the process; buffer='shm' promises they outlive
+    it: the two together are refused, before any producer is made."""
+    with pytest.raises(ConfigError, match="background=True"):
+        KafkaHandler(
+            bootstrap_servers="127.0.0.1:1",
+            topic="t",
+            spool_dir=tmp_path,
+            buffer="shm",
+            background=True,
+        )
+    assert not any(tmp_path.iterdir())  # no spool was opened
