@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import itertools
 import json
 import logging
@@ -345,11 +346,31 @@ def _quantiles(lat_ns: list[int]) -> dict[str, float]:
     }
 
 
+def _trace_gc() -> list[tuple[int, int, int, str, int]]:
+    """Time each collection of Python's collector: (start ns, end ns, generation, thread,
+    objects collected)."""
+    log: list[tuple[int, int, int, str, int]] = []
+    began = [0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.monotonic_ns()
+        else:
+            log.append((began[0], time.monotonic_ns(), info["generation"],
+                        threading.current_thread().name, info["collected"]))  # fmt: skip
+
+    gc.callbacks.append(on_gc)
+    return log
+
+
 def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
     """The application: log lines as told, report what its thread saw as JSON on stdout."""
     if conf.get("switch_interval"):
         sys.setswitchinterval(float(conf["switch_interval"]))
+    gc_log = _trace_gc() if conf.get("gc_trace") else None
     emit, close, producer = _emitters(kind, conf)
+    if conf.get("gc_freeze"):
+        gc.freeze()  # what the start-up made is never walked again by the collector
     emit[0](-1)  # warm-up (a line with a negative rid is not counted)
     if producer is not None:
         deadline = time.monotonic() + 60
@@ -400,6 +421,10 @@ def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
     # The slowest calls, with when they started (seconds from the first call).
     slow = sorted(range(n), key=lats.__getitem__)[-20:]
     out["slowest"] = [[round((starts[i] - t0) / 1e9, 3), round(lats[i] / 1e6, 2)] for i in slow]
+    if gc_log is not None:  # collections of 2 ms or more: [start s, ms, gen, thread, freed]
+        out["gc"] = [[round((a - t0) / 1e9, 3), round((b - a) / 1e6, 2), g, th, c]
+                     for a, b, g, th, c in gc_log if b - a >= 2_000_000]  # fmt: skip
+        out["gc_tracked_objects"] = len(gc.get_objects())
     if mode == "crash":
         print(json.dumps(out), flush=True)
         time.sleep(3600)  # SIGKILLed by the parent
@@ -621,7 +646,8 @@ class Bench:
         down_at, up_at = run_s * 0.25, run_s * 0.25 + a.outage
         with self.pipeline(kind, "outage") as (conf, _, seen):
             conf.update(records=n, rate=rate, switch_interval=a.switch_interval,
-                        replay_max_rate=a.replay_max_rate)  # fmt: skip
+                        replay_max_rate=a.replay_max_rate, gc_trace=a.gc_trace,
+                        gc_freeze=a.gc_freeze)  # fmt: skip
             app = App(kind, "outage", conf)
             t0 = time.monotonic() + 0.3
             windows = {"before": (t0, t0 + down_at), "during": (t0 + down_at, t0 + up_at),
@@ -702,6 +728,10 @@ def main(argv: list[str]) -> int:
         default=0.0,
         help="sys.setswitchinterval() in the applications (default: Python's)",
     )
+    ap.add_argument("--gc-trace", action="store_true",
+                    help="outage run: report the collector's pauses of 2 ms or more")  # fmt: skip
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="outage run: gc.freeze() in the applications once set up")  # fmt: skip
     ap.add_argument("--results", type=Path, help="merge the peer.* figures into this file")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--app", choices=KINDS, help=argparse.SUPPRESS)

@@ -191,11 +191,11 @@ class KafkaHandler(logging.Handler):
         if handoff is not None:
             try:
                 item = (record, record.getMessage(), exception_text(record), trace_context())
-            except Exception:
-                self._sender.drop()
-                return
-            if not handoff.put(item):
-                self._sender.drop()
+                if handoff.put(item):
+                    return
+            except Exception:  # an unprintable argument; no thread at interpreter shutdown
+                pass
+            self._sender.drop()
             return
         try:
             doc = record_to_dict(record, self._sender.host, {})

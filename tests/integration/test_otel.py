@@ -333,8 +333,9 @@ def test_the_logging_adapters_add_the_active_span(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path,
     make_producer: Callable[..., LogProducer],
 ) -> None:  # fmt: skip
-    """KafkaHandler, structlog's KafkaProcessor and loguru's KafkaSink write ``trace_id``
-    and ``span_id`` (hex, as OTel writes them) of the span active where the app logged;
+    """KafkaHandler (inline and in background mode, where another thread builds the
+    record), structlog's KafkaProcessor and loguru's KafkaSink write ``trace_id`` and
+    ``span_id`` (hex, as OTel writes them) of the span active where the app logged;
     nothing outside a span; a field the record has already is kept."""
     import logging
 
@@ -351,6 +352,10 @@ def test_the_logging_adapters_add_the_active_span(
     std = logging.getLogger("otel.adapters")
     std.addHandler(handler)
     std.propagate = False
+    background = KafkaHandler(producer, background=True)
+    bg = logging.getLogger("otel.adapters.background")
+    bg.addHandler(background)
+    bg.propagate = False
     processor = KafkaProcessor(producer)
     slog = structlog.wrap_logger(structlog.ReturnLogger(), processors=[processor])
     sink = loguru_logger.add(KafkaSink(producer), format="{message}")
@@ -359,23 +364,27 @@ def test_the_logging_adapters_add_the_active_span(
         with tracer.start_as_current_span("request") as span:
             ctx = span.get_span_context()
             std.warning("std in span")
+            bg.warning("background in span")
             slog.info("structlog in span")
             slog.info("structlog own ids", trace_id="mine")
             loguru_logger.info("loguru in span")
         std.warning("std outside")
+        bg.warning("background outside")
         loguru_logger.info("loguru outside")
     finally:
         loguru_logger.remove(sink)
         std.removeHandler(handler)
+        bg.removeHandler(background)
+        background.close()  # its thread hands what it holds to the (borrowed) producer
     assert producer.flush(30) == 0
     docs = [json.loads(m.value() or b"") for m in read_topic(kafka_broker.bootstrap_servers, topic)]
     by_text = {d.get("message") or d.get("event"): d for d in docs}
     trace, span_id = format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
-    for text in ("std in span", "structlog in span", "loguru in span"):
+    for text in ("std in span", "background in span", "structlog in span", "loguru in span"):
         assert (by_text[text]["trace_id"], by_text[text]["span_id"]) == (trace, span_id), text
     assert by_text["structlog own ids"]["trace_id"] == "mine"
     assert by_text["structlog own ids"]["span_id"] == span_id
-    for text in ("std outside", "loguru outside"):
+    for text in ("std outside", "background outside", "loguru outside"):
         assert "trace_id" not in by_text[text]
         assert "span_id" not in by_text[text]
 
