@@ -366,16 +366,13 @@ class Pump:
             return False
         if self._p.flight.client is None:
             return False  # not made yet: send() makes it with the first record
-        with gate.lock:
-            if len(gate.backlog) > self._config.buffer_max_records:
-                self.requests.degrade("local queue full beyond buffer_max_records")
-                return True
-        return self._feed_backlog(go_online=False)
+        return self._feed_backlog(go_online=False, limit=self._config.buffer_max_records)
 
-    def _feed_backlog(self, go_online: bool) -> bool:
+    def _feed_backlog(self, go_online: bool, limit: int | None = None) -> bool:
         """Hand the backlog's head to the client, at most ``FEED_CHUNK`` records, in send
         order; once it is empty, turn direct sends on (and go ONLINE with ``go_online``).
-        True when more is left for the next step.
+        True when more is left for the next step. A backlog longer than ``limit`` asks for
+        a degrade instead (librdkafka is not taking records: the spool will).
 
         The send lock is held only to take the chunk and for the last check, never while
         records go to librdkafka: senders append behind the chunk meanwhile (direct is off,
@@ -385,6 +382,9 @@ class Pump:
         gate, custody = self._gate, self._p.custody
         with gate.lock:
             backlog = gate.backlog
+            if limit is not None and len(backlog) > limit:
+                self.requests.degrade("local queue full beyond buffer_max_records")
+                return True
             if not backlog:
                 # Senders waiting for their turn go through the backlog first (send
                 # order): direct only once none waits (a later step turns it on).

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from logsdk.producer._pump import TRANSITIONS, Event, Requests, State
-from tests.unit.producer_parts import FakeClock, Parts, fake_clock, parts_factory
+from tests.unit.producer_parts import (
+    FakeClock,
+    Parts,
+    StandInClient,
+    fake_clock,
+    parts_factory,
+    rec,
+)
 
 PAIRS = list(itertools.product(State, Event))
 
@@ -235,3 +242,35 @@ def test_recoveries_asked_from_many_threads_lose_nothing_the_pump_must_see() -> 
     a take after the last ask sees it."""
     req = Requests()
     _asked_from_many_threads(lambda i, k: req.recover(3), lambda: req.take_recover(3))
+
+
+def test_an_online_backlog_is_fed_in_order_and_one_past_the_buffer_asks_for_a_degrade(
+    make_parts: Callable[..., Parts],
+) -> None:
+    """ONLINE with direct sends off (librdkafka was full), the pump feeds the backlog to the
+    client in send order, chunk by chunk, then turns direct sends on again. A backlog past
+    ``buffer_max_records`` (librdkafka is taking nothing) is left as it is, and a degrade
+    is asked for: the spool takes it."""
+    parts = make_parts(buffer_max_records=600)
+    pump, gate = parts.pump, parts.gate
+    pump.state = State.ONLINE
+    client = StandInClient()
+    parts.flight.install(client)  # type: ignore[arg-type]
+    gate.direct = False
+    gate.backlog.extend(rec(s) for s in range(500))
+    while pump.drain_backlog_to_client():
+        pass
+    assert [c.value for c in client.calls] == [rec(s)[2] for s in range(500)]
+    assert [c.headers[-1] for c in client.calls] == [("logsdk.seq", b"%d" % s) for s in range(500)]
+    assert not gate.backlog
+    assert pump.drain_backlog_to_client() is False  # empty: direct sends are on again
+    assert gate.direct
+    assert parts.requests.take_degrade() is None
+
+    gate.direct = False
+    gate.backlog.extend(rec(s) for s in range(500, 1101))  # 601: past the buffer
+    assert pump.drain_backlog_to_client() is True
+    assert parts.requests.take_degrade() == "local queue full beyond buffer_max_records"
+    assert len(gate.backlog) == 601  # nothing fed
+    assert len(client.calls) == 500
+    assert parts.custody.feeding == 0
