@@ -12,7 +12,9 @@ Invariants owned here:
   and flush()/close() of the producer that started it wait for it;
 - a producer an adapter owns is closed when its process leaves, at interpreter exit and
   at the end of a multiprocessing or billiard (Celery) child, which leaves through
-  ``os._exit`` after running its ``Finalize`` callbacks only.
+  ``os._exit`` after running its ``Finalize`` callbacks only; one the application left
+  open is closed then too (within ``OPEN_AT_EXIT_TIMEOUT_S``, with a warning): a record
+  send() accepted is never dropped with the process's memory.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ log = logging.getLogger("logsdk.producer")
 
 #: Every producer not yet closed, so a forked child can mark the ones it inherited.
 _LIVE: weakref.WeakSet[LogProducer] = weakref.WeakSet()
+#: Seconds the producers still open at exit (none of an adapter's) share to deliver.
+OPEN_AT_EXIT_TIMEOUT_S = 5.0
 #: Producers closed when the process leaves, with the timeout each delivers within.
 _AT_EXIT: weakref.WeakKeyDictionary[LogProducer, float] = weakref.WeakKeyDictionary()
 #: The pid in which a Finalize callback is registered, per pool module (a Finalize only
@@ -86,6 +90,38 @@ def _close_all_at_exit() -> None:
             p.close(timeout)
         except Exception:  # the others are closed all the same
             log.exception("logsdk: closing a producer at exit failed")
+    # Producers the application made and left open: their records in memory would be
+    # lost with the process. Closed within one shared budget, and said so.
+    left = [p for p in list(_LIVE) if p._drain_at is None and not p._closed.is_set()]
+    if not left:
+        return
+    deadline = time.monotonic() + OPEN_AT_EXIT_TIMEOUT_S
+    for p in left:
+        if p._stale:  # a forked child's inherited producer, never used here: the parent's
+            p.close(0)
+            continue
+        log.warning(
+            "logsdk: a LogProducer (topic %r, spool_dir %s) was still open at exit; closing "
+            "it (at most %gs: what Kafka cannot take by then stays in the spool). Call "
+            "close() (or use it as a context manager) to choose how long",
+            p.config.topic,
+            p.config.spool_dir,
+            OPEN_AT_EXIT_TIMEOUT_S,
+        )
+        try:
+            p.close(max(0.0, deadline - time.monotonic()))
+        except Exception:
+            log.exception("logsdk: closing a producer at exit failed")
+
+
+def hook_exit() -> None:
+    """Run :func:`_close_all_at_exit` when this process leaves: at interpreter exit, and at
+    the end of a multiprocessing or billiard child (every producer calls it)."""
+    global _atexit_hooked
+    if not _atexit_hooked:
+        _atexit_hooked = True
+        atexit.register(_close_all_at_exit)
+    _hook_pool_exit()
 
 
 def _hook_pool_exit() -> None:
@@ -129,18 +165,13 @@ def close_at_exit(producer: LogProducer, timeout: float) -> None:
     """Close ``producer`` (delivering for at most ``timeout`` seconds) when the process
     leaves: at interpreter exit, and at the end of a process that multiprocessing or
     billiard (Celery's pool) started. Hooked again in a forked child at its first use."""
-    global _atexit_hooked
     _AT_EXIT[producer] = timeout
-    if not _atexit_hooked:
-        _atexit_hooked = True
-        atexit.register(_close_all_at_exit)
-    _hook_pool_exit()
+    hook_exit()
 
 
 def rehook_at_exit(producer: LogProducer) -> None:
-    """A forked child's first use of ``producer``: its exit hooks, if it has any."""
-    if producer in _AT_EXIT:
-        _hook_pool_exit()
+    """A forked child's first use of ``producer``: its exit hooks."""
+    _hook_pool_exit()
 
 
 class Drains:

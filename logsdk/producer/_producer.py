@@ -64,7 +64,7 @@ from logsdk.producer._health import Health
 from logsdk.producer._hooks import ProducerHooks
 from logsdk.producer._identity import SeqReserver, wait_for_seq
 from logsdk.producer._inflight import Handback, InFlight
-from logsdk.producer._process import _LIVE, Drains, close_at_exit, rehook_at_exit
+from logsdk.producer._process import _LIVE, Drains, close_at_exit, hook_exit, rehook_at_exit
 from logsdk.producer._pump import Pump, PumpParts, Requests, State
 from logsdk.producer._records import (
     HEADER_PRODUCER,
@@ -189,6 +189,7 @@ class LogProducer:
         _client.check_config(cfg.librdkafka())
         self._start()
         _LIVE.add(self)
+        hook_exit()
 
     def _start(self) -> None:
         """Open a slot of spool_dir, build the parts, start the threads: everything a

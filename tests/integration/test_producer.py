@@ -682,3 +682,54 @@ def test_kafka_handler_emits_without_the_handler_lock_and_keeps_filters(
     docs = [json.loads(m.value() or b"") for m in read_topic(kafka.bootstrap_servers, topic)]
     assert [d["message"] for d in docs] == ["kept"]
     assert handler.dropped == 0
+
+
+_LEFT_OPEN = """
+import sys
+from logsdk import LogProducer
+bootstrap, topic, spool, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+p = LogProducer(bootstrap, topic, spool, stall_timeout_s=1.0, probe_timeout_s=0.5)
+for i in range(n):
+    p.send(b"%d" % i)
+print("sent", flush=True)
+"""
+
+
+def test_a_producer_left_open_delivers_at_exit_and_says_it_was_open(
+    kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A script that sends 20k records and exits without closing its LogProducer: the exit
+    closes it (the records go to Kafka, none lost with the process's memory) and a warning
+    says it was left open. With Kafka unreachable, the exit takes its 5 s budget at most
+    and the records wait in the spool, where the next producer finds them."""
+    import sys
+    import time
+
+    topic = fresh_topic(2)
+    out = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, kafka.bootstrap_servers, topic,
+         str(tmp_path / "up"), "20000"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "was still open at exit" in out.stderr
+    rep = check_delivery(read_topic(kafka.bootstrap_servers, topic))
+    assert rep.unique == 20_000
+    assert rep.duplicates == 0
+
+    bootstrap, _ = _dead_bootstrap()
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, bootstrap, topic, str(tmp_path / "down"), "3000"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    assert "was still open at exit" in out.stderr
+    assert "3000 record(s) not delivered" in out.stderr
+    assert took < 30, took  # the exit's budget is 5 s; start-up and the spool's commit aside
+    spool = Spool(tmp_path / "down").open()
+    try:
+        assert spool.count == 3000
+    finally:
+        spool.close()
