@@ -799,15 +799,7 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
              "syslog_process_cpu_s": round(s["process_cpu_s"], 2),
              "p99_us": [k["overall"]["p99_us"], s["overall"]["p99_us"]],
              "max_us": [k["overall"]["max_us"], s["overall"]["max_us"]]}  # fmt: skip
-        res += [
-            _r(f"peer.app_thread_cpu_us_per_call{suffix}", "µs/call",
-               k["thread_cpu_us_per_call"], what, s["thread_cpu_us_per_call"], 1.0, p),
-            _r(f"peer.app_wall_us_per_call{suffix}", "µs/call", k["wall_us_per_call"], what,
-               s["wall_us_per_call"], None, p),
-            _r(f"peer.pipeline_cpu_us_per_record{suffix}", "µs/record",
-               k["pipeline_cpu_us_per_record"], f"{what}, app + rsyslogd",
-               s["pipeline_cpu_us_per_record"], 1.0, p),
-        ]  # fmt: skip
+        res += _steady_figures("peer.", suffix, k, s, what, p)
     for lib, what in (
         ("structlog", "structlog JSONRenderer -> logging -> SysLogHandler"),
         ("loguru", "loguru with SysLogHandler as its sink, plain line (rsyslogd makes the JSON)"),
@@ -818,15 +810,7 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
         p = {**params, "rsyslogd_cpu_s": round(s["shipper_cpu_s"], 2),
              "p99_us": [k["overall"]["p99_us"], s["overall"]["p99_us"]],
              "max_us": [k["overall"]["max_us"], s["overall"]["max_us"]]}  # fmt: skip
-        res += [
-            _r(f"peer.{lib}.app_thread_cpu_us_per_call", "µs/call",
-               k["thread_cpu_us_per_call"], what, s["thread_cpu_us_per_call"], 1.0, p),
-            _r(f"peer.{lib}.app_wall_us_per_call", "µs/call", k["wall_us_per_call"], what,
-               s["wall_us_per_call"], None, p),
-            _r(f"peer.{lib}.pipeline_cpu_us_per_record", "µs/record",
-               k["pipeline_cpu_us_per_record"], f"{what}, app + rsyslogd",
-               s["pipeline_cpu_us_per_record"], 1.0, p),
-        ]  # fmt: skip
+        res += _steady_figures(f"peer.{lib}.", "", k, s, what, p)
     for kkind, suffix in _HANDLERS:
         res += _outage_figures(out, params, args, kkind, suffix)
     s, k = out.get("syslog.crash"), out.get("kafka.crash")
@@ -839,6 +823,26 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
                       "rsyslogd SIGKILLed", s["missing"], None,
                       {"lines": args.crash_lines}))  # fmt: skip
     return res
+
+
+def _steady_figures(
+    prefix: str,
+    suffix: str,
+    k: dict[str, Any],
+    s: dict[str, Any],
+    what: str,
+    p: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The steady run's figures of logsdk's pipeline ``k`` against the syslog one ``s``."""
+    return [
+        _r(f"{prefix}app_thread_cpu_us_per_call{suffix}", "µs/call",
+           k["thread_cpu_us_per_call"], what, s["thread_cpu_us_per_call"], 1.0, p),
+        _r(f"{prefix}app_wall_us_per_call{suffix}", "µs/call", k["wall_us_per_call"], what,
+           s["wall_us_per_call"], None, p),
+        _r(f"{prefix}pipeline_cpu_us_per_record{suffix}", "µs/record",
+           k["pipeline_cpu_us_per_record"], f"{what}, app + rsyslogd",
+           s["pipeline_cpu_us_per_record"], 1.0, p),
+    ]  # fmt: skip
 
 
 def _outage_figures(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -40,19 +42,31 @@ def test_items_are_worked_in_put_order_per_thread_and_none_is_lost() -> None:
     assert h._thread is None or not h._thread.is_alive()
 
 
-def test_a_full_queue_makes_put_wait_then_refuse_and_frees_as_the_thread_works() -> None:
+def _gated() -> tuple[threading.Event, list[Any], Callable[[Any], None]]:
+    """A work function that waits at a gate (until the test opens it), then notes its item."""
     gate = threading.Event()
-    got: list[int] = []
+    got: list[Any] = []
 
-    def work(i: int) -> None:
+    def work(item: Any) -> None:
         gate.wait(10.0)
-        got.append(i)
+        got.append(item)
 
+    return gate, got, work
+
+
+def _until_pending(h: Handoff, n: int) -> None:
+    """Poll until ``n`` items wait (the thread took the one before them)."""
+    deadline = time.monotonic() + 5
+    while h.pending != n:
+        assert time.monotonic() < deadline, f"{h.pending} pending, not {n}"
+        time.sleep(0.005)
+
+
+def test_a_full_queue_makes_put_wait_then_refuse_and_frees_as_the_thread_works() -> None:
+    gate, got, work = _gated()
     h = Handoff(work, bound=3, max_block_s=0.2, name="t-bound")
     assert h.put(0)  # taken by the thread, which then waits at the gate
-    deadline = time.monotonic() + 5
-    while h.pending and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _until_pending(h, 0)
     for i in (1, 2, 3):
         assert h.put(i)
     t0 = time.monotonic()
@@ -71,16 +85,11 @@ def test_a_full_queue_makes_put_wait_then_refuse_and_frees_as_the_thread_works()
 
 
 def test_drain_times_out_while_an_item_is_stuck_and_close_counts_what_it_left() -> None:
-    gate = threading.Event()
-    got: list[int] = []
-
-    def work(i: int) -> None:
-        gate.wait(10.0)
-        got.append(i)
-
+    gate, got, work = _gated()
     h = Handoff(work, bound=100, max_block_s=1.0, name="t-close")
     for i in range(10):
         assert h.put(i)
+    _until_pending(h, 9)  # item 0 is in work(), at the gate
     assert not h.drain(0.1)
     assert h.close(0.1) == 9  # item 0 is in work(); the nine behind it were never worked
     assert not h.put(99)  # closed: refused
@@ -114,13 +123,7 @@ def test_an_item_that_makes_work_raise_is_counted_and_the_rest_go_on() -> None:
 
 
 def test_a_forked_child_starts_empty_with_a_thread_of_its_own() -> None:
-    gate = threading.Event()
-    got: list[str] = []
-
-    def work(item: str) -> None:
-        gate.wait(10.0)
-        got.append(item)
-
+    gate, got, work = _gated()
     h = Handoff(work, bound=100, max_block_s=1.0, name="t-fork")
     h.put("parent-0")
     h.put("parent-1")  # queued behind the stuck one at the fork
