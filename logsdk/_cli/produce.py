@@ -160,9 +160,12 @@ def run(args: argparse.Namespace) -> int:
     # other processes left that it took over (its stats() count its own slot alone).
     kept = records_left_by_this_process(spool_dir)
     lost = int(s["errors"].get("lost_on_close", 0))
+    # acked counts the replays of what the spool held at the start too (an earlier run's).
+    earlier = int(s["recovered_at_start"])
+    also = f" (with {earlier} left in the spool by an earlier run)" if earlier else ""
     print(
-        f"logsdk: sent {s['sent']} record(s) to {args.topic}: acknowledged {s['acked']}, "
-        f"in spool {kept}, dropped {s['dropped']}, rejected {s['rejected']}",
+        f"logsdk: sent {s['sent']} record(s) to {args.topic}: acknowledged {s['acked']}"
+        f"{also}, in spool {kept}, dropped {s['dropped']}, rejected {s['rejected']}",
         file=sys.stderr,
     )
     if lost:

@@ -461,6 +461,29 @@ def test_spool_commands_on_a_path_with_uri_characters(
     assert json.loads(cli("spool", "status", str(root), "--json").stdout)["records"] == 0
 
 
+def test_produce_says_which_acknowledgements_were_an_earlier_runs(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """An earlier run left 5 records in the spool: produce sends 3 lines, delivers all 8,
+    and its summary says that 5 of the acknowledged were the earlier run's."""
+    from logsdk.spool import Spool
+
+    topic = fresh_topic(1)
+    spool = tmp_path / "spool"
+    left = Spool(spool).open()  # slot 0 is the spool dir itself
+    left.reserve_seq(5)
+    left.append([(topic, None, b"left-%d" % i, None, 1, i) for i in range(5)])
+    left.close()
+    out = cli("produce", "-t", topic, "-b", kafka_broker.bootstrap_servers, "--spool-dir",
+              str(spool), stdin="a\nb\nc\n")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"sent 3 record(s) to {topic}: acknowledged 8 (with 5 left in the spool by an "
+        "earlier run), in spool 0" in out.stderr
+    )
+    assert len(read_topic(kafka_broker.bootstrap_servers, topic)) == 8
+
+
 def test_produce_counts_what_it_leaves_in_every_slot_it_held(tmp_path: Path) -> None:
     """Kafka unreachable, and a process that is gone left 5 records in slot 1 of the spool
     dir: produce takes slot 0 and delivers slot 1 too, so it says it leaves 3 + 5 records
