@@ -116,7 +116,10 @@ def segment_name(name: str | None, spool_dir: str | os.PathLike[str]) -> str:
     """The POSIX name of a producer's segment: ``name`` checked, or one derived from the
     spool directory (so a producer restarted on the same directory finds its segment)."""
     if name is None:
-        digest = hashlib.sha256(os.path.realpath(spool_dir).encode()).hexdigest()[:16]
+        # The path's bytes (a name the file system gave in another encoding is
+        # surrogate-escaped by Python: str.encode() would refuse it; fsencode gives its
+        # bytes back, the same as UTF-8 for any other path).
+        digest = hashlib.sha256(os.fsencode(os.path.realpath(spool_dir))).hexdigest()[:16]
         return f"/logsdk-{digest}"
     full = name if name.startswith("/") else f"/{name}"
     if not _NAME_RE.match(full):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import mmap
 import os
 import random
@@ -401,6 +402,13 @@ def test_names() -> None:
     assert segment_name("app-1", "/x") == "/app-1"
     with pytest.raises(ShmError, match="not usable"):
         segment_name("a/b", "/x")
+    # A directory name in another encoding (Latin-1 bytes, surrogate-escaped by Python):
+    # named from its bytes; a UTF-8 name keeps the name it had (its bytes are the same).
+    latin = os.fsdecode(b"/srv/caf\xe9")
+    assert segment_name(None, latin) == segment_name(None, os.fsdecode(b"/srv/caf\xe9/"))
+    assert segment_name(None, latin) != segment_name(None, "/srv/café")
+    digest = hashlib.sha256("/srv/café".encode()).hexdigest()[:16]
+    assert segment_name(None, "/srv/café") == f"/logsdk-{digest}"
 
 
 def test_not_a_ring_is_refused(name: str, tmp_path: Path) -> None:
