@@ -98,6 +98,12 @@ PRODUCER_METRICS: dict[str, MetricDoc] = {
     "draining_slots": MetricDoc(
         "gauge", "slots left by other processes this producer is delivering"
     ),
+    "drained": MetricDoc(
+        "counter", "records of slots left by other processes its drains got acknowledged"
+    ),
+    "drain_rejected": MetricDoc(
+        "counter", "records of slots left by other processes its drains set aside as refused"
+    ),
     "undelivered": MetricDoc(
         "gauge",
         "records not yet in Kafka (memory, spool, slots being drained): what flush waits for",

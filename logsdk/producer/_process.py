@@ -200,8 +200,23 @@ class Drains:
         self._stop = stop
         self._enabled = enabled  # a drain drains no other slot
         self._lock = threading.Lock()
-        #: The drains under way (published: replaced whole).
-        self.drains: list[LogProducer] = []
+        #: The drains under way, and what the finished ones had acknowledged and set aside
+        #: (published: replaced whole, the three together).
+        self._pub: tuple[list[LogProducer], int, int] = ([], 0, 0)
+
+    @property
+    def drains(self) -> list[LogProducer]:
+        """The drains under way (any thread)."""
+        return self._pub[0]
+
+    def counts(self) -> tuple[int, int]:
+        """Records the drains got acknowledged, and set aside as refused by Kafka: the
+        finished ones and those under way (any thread; never less than a moment ago)."""
+        drains, acked, rejected = self._pub
+        for d in drains:
+            a, r = d._delivered_counts()
+            acked, rejected = acked + a, rejected + r
+        return acked, rejected
 
     def scan(self, closing_by: float | None = None) -> None:
         """Close the drains that are done; start one for each free slot with records.
@@ -237,7 +252,8 @@ class Drains:
 
     def forget(self) -> list[LogProducer]:
         """A forked child: the drains are the parent's. Returns them (to be buried)."""
-        drains, self.drains = self.drains, []
+        drains = self._pub[0]
+        self._pub = ([], 0, 0)
         self._lock = threading.Lock()  # the parent's may have been held at the fork
         return drains
 
@@ -287,7 +303,8 @@ class Drains:
                 path,
                 drain._undelivered(),
             )
-            self.drains = [*self.drains, drain]
+            drains, acked, rejected = self._pub
+            self._pub = ([*drains, drain], acked, rejected)
 
     def _holds_records(self, index: int, path: Path) -> bool:
         if spooled_records(path) > 0:
@@ -302,8 +319,11 @@ class Drains:
 
     def _collect(self) -> None:
         """Close the drains that delivered everything."""
-        done = [d for d in self.drains if d._undelivered() == 0]
+        drains, acked, rejected = self._pub
+        done = [d for d in drains if d._undelivered() == 0]
         if done:
-            self.drains = [d for d in self.drains if d not in done]
             for d in done:
                 d.close(0)
+                a, r = d._delivered_counts()
+                acked, rejected = acked + a, rejected + r
+            self._pub = ([d for d in drains if d not in done], acked, rejected)

@@ -686,6 +686,7 @@ class LogProducer:
             sent, seq_next, seq_waits = gate.sent, gate.seq_next, gate.seq_waits
             outstanding = flight.outstanding()
             held = self._custody.held()
+        drained, drain_rejected = self._drains.counts()
         out: dict[str, Any] = {
             "state": pump.state.value,
             "producer_id": self.producer_id,
@@ -712,6 +713,8 @@ class LogProducer:
             "spool_unreadable": self._spool.unreadable_ids,
             "slot": self._slot,
             "draining_slots": len(self._drains.drains),
+            "drained": drained,
+            "drain_rejected": drain_rejected,
             "undelivered": self._undelivered(),
             "errors": dict(self._errors),
         }
@@ -772,6 +775,10 @@ class LogProducer:
             _LIVE.discard(self)
             self._closed.set()
             return True
+
+    def _delivered_counts(self) -> tuple[int, int]:
+        """(acknowledged, rejected) so far: what a drain reports to its producer."""
+        return self._flight.acked + self._replay.replayed, self._counts["rejected"]
 
     def _close_at_exit(self, timeout: float) -> None:
         """Close this producer (delivering for at most ``timeout`` seconds) when the process

@@ -195,7 +195,8 @@ def test_slots_under_a_path_with_uri_characters_are_drained_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """spool_dir's path holds a space, '#', '?', '%' and 'é': the records a gone process left
-    in a free slot are delivered, draining_slots returns to 0, and an empty free slot is
+    in a free slot are delivered (counted in ``drained``, also once the drain is let go),
+    draining_slots returns to 0, and an empty free slot is
     not drained (it was, at every scan, for ever) nor written to by the look into it."""
     caplog.set_level(logging.INFO, logger="logsdk.producer")
     topic = fresh_topic(1)
@@ -213,8 +214,12 @@ def test_slots_under_a_path_with_uri_characters_are_drained_once(
     assert p.stats()["slot"] == 0
     assert p.stats()["draining_slots"] == 1
     assert p.flush(30) == 0
+    assert p.stats()["drained"] == 30  # the drain's acknowledgements, counted by p
     assert p.flush(30) == 0  # its look at the slots closes the finished drain, starts none
-    assert p.stats()["draining_slots"] == 0
+    s = p.stats()
+    assert s["draining_slots"] == 0
+    assert (s["drained"], s["drain_rejected"]) == (30, 0)  # kept once the drain is let go
+    assert s["acked"] == 0  # p sent nothing of its own
     drained = [
         r.getMessage() for r in caplog.records if "left by another process" in r.getMessage()
     ]
