@@ -78,7 +78,9 @@ def record_to_dict(
     attrs = vars(record)
     added = attrs.keys() - _STANDARD  # in C; most records have none, or one or two
     if added:
-        extra = {k: v for k, v in attrs.items() if k in added and not k.startswith("_")}
+        # A copy made in C, at once: another handler may be setting the record's attributes
+        # on the application's thread meanwhile (background mode).
+        extra = {k: v for k, v in list(attrs.items()) if k in added and not k.startswith("_")}
         if extra:
             doc["extra"] = extra
     if static:

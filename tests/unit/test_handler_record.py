@@ -54,3 +54,35 @@ def test_background_mode_refuses_the_shm_buffer(tmp_path: Path) -> None:
             background=True,
         )
     assert not any(tmp_path.iterdir())  # no spool was opened
+
+
+def test_the_document_is_built_while_another_thread_sets_the_records_attributes() -> None:
+    """Background mode builds the document on its own thread while the application's
+    thread may still be running other handlers on the record (a Formatter sets
+    ``message`` and ``asctime``): the extra fields are read from a copy, never from a dict
+    that changes size under the loop."""
+    import sys
+    import threading
+
+    record = _record(user="ann", request_id=7)
+    stop = threading.Event()
+
+    def other_handlers() -> None:
+        i = 0
+        while not stop.is_set():
+            record.__dict__[f"set_by_a_formatter_{i % 50}"] = i
+            record.__dict__.pop(f"set_by_a_formatter_{(i + 25) % 50}", None)
+            i += 1
+
+    was = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=other_handlers)
+    t.start()
+    try:
+        for _ in range(20_000):
+            doc = record_to_dict(record, "h", {}, ("n=3", None))
+            assert doc["extra"]["user"] == "ann"
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(was)
