@@ -193,8 +193,8 @@ class Handoff:
         if drained:
             self._q.put(_STOP)
             thread.join(max(0.1, timeout))
-            return 0
-        # Not drained in time: what is still queued is not worked. Counted, not hidden.
+        # What is still queued is never worked: not drained in time, or put by a call that
+        # saw the hand-over open just before this close (behind the stop). Counted.
         left = 0
         while True:
             try:
@@ -203,7 +203,8 @@ class Handoff:
                 break
             if item is not _STOP and type(item) is not _Marker:
                 left += 1
-        self._q.put(_STOP)
+        if not drained:
+            self._q.put(_STOP)
         self._left = left
         return left
 

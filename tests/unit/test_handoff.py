@@ -5,6 +5,7 @@ a forked child starting empty, the queue's reader checked as its owner."""
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import pytest
 
 from logsdk import _owner
 from logsdk.errors import OwnershipError
-from logsdk.integrations._handoff import Handoff
+from logsdk.integrations._handoff import _STOP, Handoff
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:This process .* is multi-threaded:DeprecationWarning"
@@ -163,3 +164,22 @@ def test_only_the_handoff_thread_works_the_queue() -> None:
         _owner.enable(was)
         _owner.violations(clear=True)
         h.close(1.0)
+
+
+def test_an_item_that_lands_behind_the_stop_is_counted_as_left() -> None:
+    """A put that saw the hand-over open just before close() can land behind the stop:
+    never worked, and counted by close(), not lost silently."""
+
+    class LateSender(queue.SimpleQueue):  # type: ignore[type-arg]
+        def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
+            super().put(item)
+            if item is _STOP:
+                super().put(2)  # the late sender's item, after the stop
+
+    got: list[int] = []
+    h = Handoff(got.append, bound=100, max_block_s=1.0, name="t-late")
+    h._q = LateSender()
+    h.put(1)
+    assert h.close(5.0) == 1
+    assert got == [1]
+    assert h.drain(0.1) is False
