@@ -7,7 +7,7 @@ and sends it through the producer, in put order (so per logger, per key, per thr
 
 Owners:
 - the queue is filled by any thread (:meth:`Handoff.put`) and emptied by the hand-over
-  thread alone (``_run``), which owns ``done``;
+  thread alone (``_run``);
 - :meth:`Handoff.drain` and :meth:`Handoff.close` may be called by any thread but the
   hand-over thread; ``_start_lock`` guards starting the thread and closing it.
 
@@ -92,8 +92,6 @@ class Handoff:
         #: Senders waiting for room (read without the lock by the hand-over thread).
         self._waiting = 0
         self._room = threading.Condition(threading.Lock())
-        #: Items worked so far (the hand-over thread's).
-        self.done = 0
 
     @property
     def pending(self) -> int:
@@ -158,7 +156,6 @@ class Handoff:
                 work(item)
             except Exception:
                 self.failed += 1
-            self.done += 1
             if self._waiting:
                 with self._room:
                     self._room.notify_all()

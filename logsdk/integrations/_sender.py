@@ -145,10 +145,10 @@ class JsonSender:
         self._busy = threading.local()
         self._count_lock = threading.Lock()
 
-    def drop(self) -> None:
-        """Count one record not sent (thread-safe: adapters run on many threads)."""
+    def drop(self, n: int = 1) -> None:
+        """Count ``n`` records not sent (thread-safe: adapters run on many threads)."""
         with self._count_lock:
-            self.dropped += 1
+            self.dropped += n
 
     def send(self, doc: dict[str, Any], key: str | None) -> bytes | None:
         """Serialise and send; returns the JSON sent, or None (``dropped`` + 1) on failure."""

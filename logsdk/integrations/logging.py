@@ -134,7 +134,8 @@ class KafkaHandler(logging.Handler):
     ) -> None:
         super().__init__(level)
         self.flush_timeout = check_seconds(flush_timeout, "flush_timeout")
-        if background and producer_kwargs.get("buffer") == "shm":
+        buffer = producer_kwargs.get("buffer") if producer is None else producer.config.buffer
+        if background and buffer == "shm":
             raise ConfigError(
                 "background=True holds records in this process until its thread sends "
                 "them; buffer='shm' keeps them past the process's death: use one or the other"
@@ -149,12 +150,6 @@ class KafkaHandler(logging.Handler):
             close_timeout=close_timeout,
         )
         self.producer = self._sender.producer
-        if background and self.producer.config.buffer == "shm":
-            self._sender.close()
-            raise ConfigError(
-                "background=True cannot feed a producer with buffer='shm' (its records "
-                "must survive the process; a handed-over one would not)"
-            )
         self._handoff: Handoff | None = None
         if background:
             self._handoff = Handoff(
@@ -221,8 +216,7 @@ class KafkaHandler(logging.Handler):
     def _left_unsent(self, n: int) -> None:
         """Records handed over that the hand-over thread did not send by close()."""
         if n:
-            for _ in range(n):
-                self._sender.drop()
+            self._sender.drop(n)
             log.warning(
                 "KafkaHandler: %d record(s) handed to its thread were not sent within "
                 "close_timeout=%s s (counted in dropped)",

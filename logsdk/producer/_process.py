@@ -116,7 +116,8 @@ def _close_all_at_exit() -> None:
 
 def hook_exit() -> None:
     """Run :func:`_close_all_at_exit` when this process leaves: at interpreter exit, and at
-    the end of a multiprocessing or billiard child (every producer calls it)."""
+    the end of a multiprocessing or billiard child (every producer calls it, and again at
+    its first use in a forked child)."""
     global _atexit_hooked
     if not _atexit_hooked:
         _atexit_hooked = True
@@ -157,7 +158,7 @@ def _pool_modules() -> list[tuple[str, Any]]:
 def _rehook_after_bootstrap(name: str, _obj: _Rehook) -> None:
     """In a pool module's child, right after its bootstrap emptied the Finalize registry."""
     _pool_hooked.pop(name, None)
-    if len(_AT_EXIT):
+    if len(_AT_EXIT) or len(_LIVE):  # every producer is closed at exit (hook_exit)
         _hook_pool_exit()
 
 
@@ -167,11 +168,6 @@ def close_at_exit(producer: LogProducer, timeout: float) -> None:
     billiard (Celery's pool) started. Hooked again in a forked child at its first use."""
     _AT_EXIT[producer] = timeout
     hook_exit()
-
-
-def rehook_at_exit(producer: LogProducer) -> None:
-    """A forked child's first use of ``producer``: its exit hooks."""
-    _hook_pool_exit()
 
 
 class Drains:

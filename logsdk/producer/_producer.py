@@ -64,7 +64,7 @@ from logsdk.producer._health import Health
 from logsdk.producer._hooks import ProducerHooks
 from logsdk.producer._identity import SeqReserver, wait_for_seq
 from logsdk.producer._inflight import Handback, InFlight
-from logsdk.producer._process import _LIVE, Drains, close_at_exit, hook_exit, rehook_at_exit
+from logsdk.producer._process import _LIVE, Drains, close_at_exit, hook_exit
 from logsdk.producer._pump import Pump, PumpParts, Requests, State
 from logsdk.producer._records import (
     HEADER_PRODUCER,
@@ -756,7 +756,7 @@ class LogProducer:
                 return
             self._start()
             self._stale = False
-            rehook_at_exit(self)
+            hook_exit()
         log.info(
             "logsdk producer started afresh in forked process %d: slot %d, producer id %s",
             os.getpid(),
