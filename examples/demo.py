@@ -203,8 +203,9 @@ def main() -> int:
     # "duplicate sequence" for records it did not store; librdkafka reports them delivered
     # without an offset, the producer counts that as unconfirmed and resends them, and
     # they land after records sent later. Any other record out of order fails the demo.
-    late = sorted(s for p, s in report.order_violators if p == pid and s in unconfirmed)
-    other = sorted(s for p, s in report.order_violators if p != pid or s not in unconfirmed)
+    resent, out_of_order = report.split_order_violators({pid: unconfirmed})
+    late = sorted(s for _, s in resent)
+    other = sorted(s for _, s in out_of_order)
     print(f"  order violations        {len(other)}")
     if late:
         print(

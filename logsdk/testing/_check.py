@@ -7,7 +7,7 @@ This is the dedupe recipe too: a record is identified by its headers
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
@@ -29,6 +29,20 @@ class DeliveryReport:
     #: in its partition.
     order_violators: list[tuple[str, int]] = field(default_factory=list)
     seqs: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+
+    def split_order_violators(
+        self, unconfirmed: Mapping[str, Container[int]]
+    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """The records out of order, in two lists: those whose own delivery report was
+        unconfirmed (``unconfirmed``: seqs per producer id), resent after a broker's
+        "duplicate sequence" reply for a batch it did not store, so they land after records
+        sent later (the one exception docs/guarantees.md names); and the others, which
+        break the order."""
+        late: list[tuple[str, int]] = []
+        other: list[tuple[str, int]] = []
+        for ident in self.order_violators:
+            (late if ident[1] in unconfirmed.get(ident[0], ()) else other).append(ident)
+        return late, other
 
     def missing(self, producer_id: str, expected: Iterable[int]) -> list[int]:
         """Sequence numbers in ``expected`` that no record of ``producer_id`` carried."""

@@ -529,9 +529,7 @@ def chaos(
     # A record whose "delivered" report no offset confirmed is resent (the broker did not
     # store it, or it would be a duplicate), so it lands after records sent later: an
     # order violation the broker caused, counted apart.
-    after_unconfirmed = sum(
-        1 for pid, seq in wire.order_violators if seq in unconfirmed.get(pid, ())
-    )
+    after_unconfirmed = len(wire.split_order_violators(unconfirmed)[0])
     order_unexplained = wire.order_violations - after_unconfirmed
     # Per producer: a record its overflow policy dropped may still have reached Kafka (an
     # in-flight send that was purged, spooled, then dropped), so drops can explain at

@@ -103,7 +103,7 @@ def _check_all_delivered(
     rep = check_delivery(read_topic(broker.bootstrap_servers, "faults", timeout=120))
     # Out of order only after the broker's "duplicate sequence" lie (module docstring):
     # each such record's own delivery report was unconfirmed, and the producer counted it.
-    unexplained = [(p, s) for p, s in rep.order_violators if p != pid or s not in unconfirmed]
+    unexplained = rep.split_order_violators({pid: unconfirmed})[1]
     why = (
         f"order violations {rep.order_violations} (first: {rep.order_violators[:10]}), "
         f"not after an unconfirmed report: {len(unexplained)} (first: {unexplained[:10]}), "
