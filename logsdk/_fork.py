@@ -15,7 +15,9 @@ Invariants owned here:
 - the garbage collector does not run between the fork and the end of the child's hooks
   (this step, then the ones registered with ``at_fork_in_child``, in order): it is paused
   across ``fork()`` and resumed as it was, in parent and child. A producer's hook buries
-  its SQLite connections and shm mapping, which a collection must not free first.
+  its SQLite connections and shm mapping, which a collection must not free first;
+- no thread of logsdk is inside SQLite at the fork (:mod:`logsdk._sqlite`): the fork
+  waits for those inside to leave and keeps the others out until it is done.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any
 
 import confluent_kafka
 import confluent_kafka.admin
+
+from logsdk import _sqlite
 
 log = logging.getLogger("logsdk")
 
@@ -91,9 +95,13 @@ def _before_fork() -> None:
     fork_guard.acquire()
     _gc_was_enabled = gc.isenabled()
     gc.disable()
+    # After the fork guard: no thread inside the gate waits for that guard, and a holder
+    # of the guard that enters the gate (a finaliser) finds it open.
+    _sqlite.GATE.close_for_fork()
 
 
 def _after_fork_in_parent() -> None:
+    _sqlite.GATE.open_after_fork_in_parent()
     fork_guard.release()
     if _gc_was_enabled:
         gc.enable()
@@ -106,6 +114,7 @@ def at_fork_in_child(fn: Callable[[], None]) -> None:
 
 
 def _after_fork_in_child() -> None:
+    _sqlite.GATE.reset_in_child()
     fork_guard.release()  # taken by _before_fork, on the thread that is this child's own
     try:
         for client in list(_LIVE):

@@ -23,6 +23,7 @@ from typing import Any
 import sqlite_utils
 
 from logsdk._owner import Owner
+from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
 from logsdk.consumer._records import Record, RecordBatch, TopicPartition, columns_of
 from logsdk.errors import ConfigError, FencedError, SinkError
@@ -141,7 +142,7 @@ class SQLiteSink:
         try:
             # check_same_thread=False only for close(), which closes every thread's
             # connection once they are done; each is used by its own thread alone.
-            conn = sqlite3.connect(
+            conn = gated_connect(
                 self.path,
                 timeout=self.busy_timeout,
                 isolation_level=None,

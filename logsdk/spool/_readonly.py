@@ -26,6 +26,8 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+from logsdk._sqlite import connect as gated_connect
+
 #: (inode, size, mtime_ns, device) of a file.
 FileId = tuple[int, int, int, int]
 #: The ids of ``spool.db``, its ``-wal`` and its ``-shm`` (None: missing).
@@ -75,7 +77,7 @@ def connect(
     """A read-only connection to ``db`` (``query_only`` as well; autocommit: a caller that
     wants one snapshot for several reads says ``BEGIN``), closed on the way out. Raises
     :class:`sqlite3.Error` when it cannot be opened."""
-    conn = sqlite3.connect(
+    conn = gated_connect(
         uri(db, immutable=immutable), uri=True, timeout=timeout, isolation_level=None
     )
     try:

@@ -59,6 +59,7 @@ import sqlite_utils
 
 from logsdk._fork import at_fork_in_child, fork_guard
 from logsdk._owner import Owner
+from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
 from logsdk.spool import _readonly
@@ -374,7 +375,7 @@ class Spool:
     def _start_checkpointer(self) -> None:
         """Move WAL checkpoints to their own thread; without one, SQLite's own remain."""
         try:
-            ck = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
+            ck = gated_connect(self.db_path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             log.warning("spool checkpoints stay in the writing thread: %s", exc)
             return
@@ -553,7 +554,7 @@ class Spool:
 
     def _connect_and_check(self) -> sqlite3.Connection:
         clean = self._unchanged_since_close()
-        conn = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False)
+        conn = gated_connect(self.db_path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")

@@ -261,7 +261,10 @@ def test_slow_replay_acknowledgements_are_not_a_stall(
     one request in flight) is progress, not a stall: no degrade, however long it takes
     to reach a replay batch's worth of acknowledgements."""
     port = free_port()
-    n = 40_000  # 20k replayed in 1.96 s once opening a spool got faster: too close to 4 x 0.5
+    # Replayed at about 10k records/s: long enough to span several stall timeouts, and a
+    # stall timeout wide enough that a test worker descheduled for half a second on a
+    # loaded 2-core machine is not taken for a stalled broker.
+    n = 80_000
     with LogProducer(f"127.0.0.1:{port}", "slow-acks", tmp_path, **FAST) as p:
         for i in range(n):
             p.send(b"%d" % i)
@@ -269,7 +272,7 @@ def test_slow_replay_acknowledgements_are_not_a_stall(
     create_topic(broker.bootstrap_servers, "slow-acks", 1, exist_ok=True)
     slow = {
         **FAST,
-        "stall_timeout_s": 0.5,
+        "stall_timeout_s": 1.0,
         "replay_batch": 10_000,
         "kafka_config": {
             **FAST["kafka_config"],

@@ -54,6 +54,7 @@ which hypothesis' replay does not always repeat).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -147,7 +148,7 @@ THREADS = st.integers(1, 4)
 BATCH = st.integers(1, 60)  # records per thread
 
 SETTLE_S = 20.0  # a producer with a few hundred records settles within a second or two
-CHILD_ALARM_S = 60  # a forked child that hangs is killed by SIGALRM
+CHILD_HANG_S = 60  # a forked child that hangs writes every thread's stack and exits
 CHILD_WAIT_S = 90.0
 
 
@@ -211,8 +212,9 @@ def _child_main(p: LogProducer, values: list[bytes], cut: bool, result: Path) ->
     out: dict[str, Any] = {}
     errors = _Errors()
     logging.getLogger("logsdk").addHandler(errors)
+    stacks = result.with_suffix(".stacks").open("w")  # left open: the dump may come at any time
+    faulthandler.dump_traceback_later(CHILD_HANG_S, exit=True, file=stacks)
     try:
-        signal.alarm(CHILD_ALARM_S)
         out["first_seq"] = p.stats()["next_seq"]  # the first use: a slot of its own
         for i, v in enumerate(values):
             p.send(v, key=b"k%d" % (i % 7))
@@ -450,7 +452,9 @@ class ProducerModel(RuleBasedStateMachine):
         code = _reap(pid, CHILD_WAIT_S)
         self.children.remove(pid)
         out = json.loads(result.read_text()) if result.exists() else {}
-        assert code == 0, f"child exited with {code}: {out.get('error', 'no result')}"
+        hung = result.with_suffix(".stacks")
+        why = out.get("error") or (hung.read_text() if hung.exists() else "") or "no result"
+        assert code == 0, f"child exited with {code}: {why}"
         s = out["stats"]
         inst = Instance(s["producer_id"], out["first_seq"], child=True, values=values)
         inst.final = s
