@@ -28,7 +28,6 @@ it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sqlite3
 import threading
@@ -153,8 +152,10 @@ class GatedCursor(sqlite3.Cursor):
 
     def __del__(self) -> None:
         # Freeing a cursor left mid-result resets its statement, in SQLite, without the GIL.
-        with contextlib.suppress(Exception):  # a finaliser has nowhere to raise to
+        try:  # noqa: SIM105 - no module global here: it may be gone at interpreter exit
             self.close()
+        except Exception:  # a finaliser has nowhere to raise to
+            pass
 
 
 class GatedConnection(sqlite3.Connection):
@@ -195,8 +196,10 @@ class GatedConnection(sqlite3.Connection):
 
     def __del__(self) -> None:
         # Freeing an open connection closes it, in SQLite, without the GIL.
-        with contextlib.suppress(Exception):  # a finaliser has nowhere to raise to
+        try:  # noqa: SIM105 - no module global here: it may be gone at interpreter exit
             self.close()
+        except Exception:  # a finaliser has nowhere to raise to
+            pass
 
 
 def connect(database: str | bytes | Any, **kwargs: Any) -> GatedConnection:
