@@ -45,8 +45,8 @@ os.environ["PATH"] = os.pathsep.join([*_pyenv_bins(), os.environ.get("PATH", "")
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Unit and integration suites, warnings as errors (pyproject's pytest settings),
-    without the Spark tests and the mock-cluster runs (those run on the main Python: they
-    show another broker, not another Python)."""
+    without the Spark tests, the mock-cluster runs and the benchmark scripts (those run on
+    the main Python: they show another broker or a script, not another Python)."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
@@ -56,6 +56,9 @@ def tests(session: nox.Session) -> None:
         "not fault and not spark and not mock_cluster",
         "-p",
         "no:cacheprovider",
+        # The benchmark scripts' smoke runs show the scripts, not the Python: they run on
+        # the main Python in make test (about half a minute of the two cores per session).
+        "--ignore=tests/integration/test_benchmarks.py",
         "tests/unit",
         "tests/integration",
         *session.posargs,
