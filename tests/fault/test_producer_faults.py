@@ -531,10 +531,11 @@ def test_producer_sigkilled_while_replaying(broker_factory: BrokerFactory, tmp_p
     at most three replay batches resent twice."""
     n, batch = 40_000, 1000
     spool = tmp_path / "spool"
-    with LogProducer(f"127.0.0.1:{free_port()}", "replayed", spool, **FAST) as p:
-        for i in range(n):
-            p.send(b"%d" % i, key=b"%d" % (i % 7))
-        pid = p.producer_id
+    p = LogProducer(f"127.0.0.1:{free_port()}", "replayed", spool, **FAST)
+    for i in range(n):
+        p.send(b"%d" % i, key=b"%d" % (i % 7))
+    pid = p.producer_id
+    p.close(1.0)  # nothing listens on the port: every record stays in the spool
     assert p.stats()["spool_records"] == n
     broker = broker_factory()
     topic = create_topic(broker.bootstrap_servers, "replayed", 3)
