@@ -17,7 +17,13 @@ Invariants owned here:
 - the fork hook (:mod:`logsdk._fork`) closes :data:`GATE` and waits until no thread is
   inside before ``fork()`` (at most :data:`FORK_WAIT_S`: past that it warns and forks);
   threads that want in meanwhile wait outside, holding no SQLite mutex; the gate opens
-  again after the fork in the parent, and starts afresh in the child.
+  again after the fork in the parent, and starts afresh in the child;
+- a thread kept out waits for the fork's own wait (bounded), then at most
+  :data:`ENTRY_WAIT_S` more: after its hook the forking thread runs the other before-fork
+  hooks (``logging`` takes its module lock, ``fork()`` the import lock), and a thread kept
+  out may hold one of those locks (a handler closed inside ``dictConfig``); it goes in
+  then (counted in ``barged``), the fork takes its lock and goes on, rather than both
+  waiting for ever.
 
 The gate's counters are shared by every thread that uses SQLite and guarded by its own
 lock (a re-entrant one: a ``__del__`` run by the garbage collector inside the gate's own
@@ -39,6 +45,8 @@ log = logging.getLogger("logsdk")
 
 #: How long a fork waits for the threads inside SQLite to leave it.
 FORK_WAIT_S = 10.0
+#: How long a thread kept out waits for the fork once the threads inside have left.
+ENTRY_WAIT_S = 2.0
 
 T = TypeVar("T")
 
@@ -53,8 +61,10 @@ class _Gate:
         self._cond = threading.Condition(threading.RLock())
         self._inside = 0  # threads inside (each counted once, whatever its depth)
         self._forking = False
+        self._drained_at: float | None = None  # when the fork's own wait ended
         self._local = threading.local()
         self.waited_out = 0  # forks that went ahead with a thread still inside
+        self.barged = 0  # threads that went in while a fork was pending (ENTRY_WAIT_S)
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` inside the gate."""
@@ -63,7 +73,14 @@ class _Gate:
             depth = getattr(local, "depth", 0)
             if not depth:
                 while self._forking:
-                    self._cond.wait()
+                    if self._drained_at is None:
+                        self._cond.wait()  # the fork's wait is bounded and notifies
+                        continue
+                    left = self._drained_at + ENTRY_WAIT_S - time.monotonic()
+                    if left <= 0:
+                        self.barged += 1
+                        break
+                    self._cond.wait(left)
                 self._inside += 1
             local.depth = depth + 1
         try:
@@ -81,24 +98,30 @@ class _Gate:
         itself may be: its own depth does not count)."""
         with self._cond:
             self._forking = True
+            self._drained_at = None
             mine = 1 if getattr(self._local, "depth", 0) else 0
             deadline = time.monotonic() + timeout
-            while self._inside > mine:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.waited_out += 1
-                    log.warning(
-                        "logsdk: fork() after %.0fs with %d thread(s) still inside SQLite: "
-                        "the child may hang at its first SQLite call",
-                        timeout,
-                        self._inside - mine,
-                    )
-                    return
-                self._cond.wait(left)
+            try:
+                while self._inside > mine:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self.waited_out += 1
+                        log.warning(
+                            "logsdk: fork() after %.0fs with %d thread(s) still inside "
+                            "SQLite: the child may hang at its first SQLite call",
+                            timeout,
+                            self._inside - mine,
+                        )
+                        return
+                    self._cond.wait(left)
+            finally:
+                self._drained_at = time.monotonic()
+                self._cond.notify_all()  # those kept out now wait ENTRY_WAIT_S at most
 
     def open_after_fork_in_parent(self) -> None:
         with self._cond:
             self._forking = False
+            self._drained_at = None
             self._cond.notify_all()
 
     def reset_in_child(self) -> None:
@@ -209,4 +232,4 @@ def connect(database: str | bytes | Any, **kwargs: Any) -> GatedConnection:
     return conn
 
 
-__all__ = ["FORK_WAIT_S", "GATE", "GatedConnection", "GatedCursor", "connect"]
+__all__ = ["ENTRY_WAIT_S", "FORK_WAIT_S", "GATE", "GatedConnection", "GatedCursor", "connect"]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from logsdk import _sqlite
-from logsdk._sqlite import GATE, GatedConnection, GatedCursor
+from logsdk._sqlite import GatedConnection, GatedCursor, _Gate
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.filterwarnings(
@@ -94,7 +94,6 @@ def _forks_while_hammered(
 def test_a_child_forked_while_threads_use_sqlite_can_use_it(tmp_path: Path) -> None:
     made, hung = _forks_while_hammered(_sqlite.connect, tmp_path, forks=150, child_wait_s=10)
     assert (made, hung) == (150, 0)
-    assert GATE.inside == 0
 
 
 def test_without_the_gate_the_same_forks_hang_a_child(tmp_path: Path) -> None:
@@ -113,28 +112,30 @@ def _run_in_thread(fn: Callable[[], Any]) -> threading.Thread:
 
 
 def test_a_fork_waits_for_the_thread_inside_and_keeps_new_ones_out() -> None:
+    gate = _Gate()  # its own: other tests' threads use the process's
     leave = threading.Event()
     order: list[str] = []
-    inside = _run_in_thread(lambda: GATE.run(leave.wait, 30))
-    wait_until(lambda: GATE.inside == 1, 10, "a thread inside the gate")
-    closer = _run_in_thread(lambda: (GATE.close_for_fork(), order.append("closed")))
+    inside = _run_in_thread(lambda: gate.run(leave.wait, 30))
+    wait_until(lambda: gate.inside == 1, 10, "a thread inside the gate")
+    closer = _run_in_thread(lambda: (gate.close_for_fork(), order.append("closed")))
     time.sleep(0.2)  # the fork must still be waiting: nothing to wait for
     assert order == []
-    late = _run_in_thread(lambda: GATE.run(order.append, "late entered"))
+    late = _run_in_thread(lambda: gate.run(order.append, "late entered"))
     leave.set()
     closer.join(10)
     inside.join(10)
     assert order == ["closed"], order  # the late one is kept out until the fork is done
     assert late.is_alive()
-    GATE.open_after_fork_in_parent()
+    gate.open_after_fork_in_parent()
     late.join(10)
     assert order == ["closed", "late entered"]
-    assert GATE.inside == 0
+    assert gate.inside == 0
 
 
 def test_a_thread_inside_enters_again_while_a_fork_waits() -> None:
     """A nested use (a finaliser run by the collector inside the gate) never waits for a
     fork that waits for it."""
+    gate = _Gate()  # its own: other tests' threads use the process's
     entered_again = threading.Event()
     forking = threading.Event()
 
@@ -142,33 +143,34 @@ def test_a_thread_inside_enters_again_while_a_fork_waits() -> None:
         def inner() -> None:
             forking.wait(10)
             time.sleep(0.1)  # the closer is waiting now
-            GATE.run(entered_again.set)
+            gate.run(entered_again.set)
 
-        GATE.run(inner)
+        gate.run(inner)
 
     t = _run_in_thread(nested)
-    wait_until(lambda: GATE.inside == 1, 10, "a thread inside the gate")
-    closer = _run_in_thread(lambda: (forking.set(), GATE.close_for_fork()))
+    wait_until(lambda: gate.inside == 1, 10, "a thread inside the gate")
+    closer = _run_in_thread(lambda: (forking.set(), gate.close_for_fork()))
     closer.join(10)
     t.join(10)
-    GATE.open_after_fork_in_parent()
+    gate.open_after_fork_in_parent()
     assert entered_again.is_set()
     assert not closer.is_alive()
     assert not t.is_alive()
 
 
 def test_a_fork_goes_ahead_after_its_wait_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    gate = _Gate()  # its own: other tests' threads use the process's
     leave = threading.Event()
-    t = _run_in_thread(lambda: GATE.run(leave.wait, 30))
-    wait_until(lambda: GATE.inside == 1, 10, "a thread inside the gate")
-    before = GATE.waited_out
+    t = _run_in_thread(lambda: gate.run(leave.wait, 30))
+    wait_until(lambda: gate.inside == 1, 10, "a thread inside the gate")
+    before = gate.waited_out
     try:
         with caplog.at_level(logging.WARNING, logger="logsdk"):
-            GATE.close_for_fork(timeout=0.1)
-        assert GATE.waited_out == before + 1
+            gate.close_for_fork(timeout=0.1)
+        assert gate.waited_out == before + 1
         assert "1 thread(s) still inside SQLite" in caplog.text
     finally:
-        GATE.open_after_fork_in_parent()
+        gate.open_after_fork_in_parent()
         leave.set()
         t.join(10)
 
@@ -187,3 +189,39 @@ def test_every_connection_and_cursor_is_gated(tmp_path: Path) -> None:
             assert isinstance(cur, GatedCursor), type(cur)
     finally:
         conn.close()
+
+
+def test_a_thread_kept_out_goes_in_when_the_fork_waits_on_a_lock_it_holds() -> None:
+    """After its hook the forking thread takes other locks (logging's module lock in its
+    before-fork hook, the import lock); a thread kept out of the gate may hold one (a
+    handler closed inside ``dictConfig``). It goes in after ENTRY_WAIT_S and the fork
+    gets its lock, instead of both waiting for ever."""
+    gate = _Gate()  # its own: other tests' threads use the process's
+    held = threading.Lock()
+    holding = threading.Event()
+    gate_closed = threading.Event()
+    went_in = threading.Event()
+
+    def holder() -> None:
+        with held:
+            holding.set()
+            gate_closed.wait(10)
+            gate.run(went_in.set)
+
+    before = gate.barged
+    t = _run_in_thread(holder)
+    assert holding.wait(10)
+    gate.close_for_fork()
+    gate_closed.set()
+    try:
+        t0 = time.monotonic()
+        got = held.acquire(timeout=_sqlite.ENTRY_WAIT_S + 10)
+        waited = time.monotonic() - t0
+    finally:
+        gate.open_after_fork_in_parent()
+    assert got, "the forking thread never got the lock the kept-out thread held"
+    held.release()
+    t.join(10)
+    assert went_in.is_set()
+    assert gate.barged == before + 1
+    assert waited >= _sqlite.ENTRY_WAIT_S - 0.5, waited  # kept out first, then let in
