@@ -96,27 +96,28 @@ class _Gate:
     def close_for_fork(self, timeout: float = FORK_WAIT_S) -> None:
         """Stop new entries and wait until no other thread is inside (the forking thread
         itself may be: its own depth does not count)."""
+        stuck = 0
         with self._cond:
             self._forking = True
             self._drained_at = None
             mine = 1 if getattr(self._local, "depth", 0) else 0
             deadline = time.monotonic() + timeout
-            try:
-                while self._inside > mine:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        self.waited_out += 1
-                        log.warning(
-                            "logsdk: fork() after %.0fs with %d thread(s) still inside "
-                            "SQLite: the child may hang at its first SQLite call",
-                            timeout,
-                            self._inside - mine,
-                        )
-                        return
-                    self._cond.wait(left)
-            finally:
-                self._drained_at = time.monotonic()
-                self._cond.notify_all()  # those kept out now wait ENTRY_WAIT_S at most
+            while self._inside > mine:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.waited_out += 1
+                    stuck = self._inside - mine
+                    break
+                self._cond.wait(left)
+            self._drained_at = time.monotonic()
+            self._cond.notify_all()  # those kept out now wait ENTRY_WAIT_S at most
+        if stuck:  # said outside the gate's lock: a handler may take locks of its own
+            log.warning(
+                "logsdk: fork() after %.0fs with %d thread(s) still inside SQLite: the "
+                "child may hang at its first SQLite call",
+                timeout,
+                stuck,
+            )
 
     def open_after_fork_in_parent(self) -> None:
         with self._cond:
