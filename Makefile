@@ -41,10 +41,10 @@ docs: $(STAMP)
 # connecting back ("Python worker failed to connect back"), seen with -n 2.
 test: lint typecheck docs
 	@echo "== Python $$($(PY) -c 'import platform; print(platform.python_version())') (.venv): full suite, fault tests apart"
-	timeout -k 30 20m $(VENV)/bin/pytest -n 4 -m "not fault and not spark_cluster"
-	timeout -k 30 15m $(VENV)/bin/pytest -n 4 -m fault
+	timeout -k 30 20m $(VENV)/bin/pytest -n 4 -m "not fault and not spark_cluster" --durations=20
+	timeout -k 30 15m $(VENV)/bin/pytest -n 4 -m fault --durations=20
 	@echo "== A Spark standalone cluster (a master, two workers), alone on the machine"
-	timeout -k 30 15m $(VENV)/bin/pytest -m spark_cluster
+	timeout -k 30 15m $(VENV)/bin/pytest -m spark_cluster --durations=20
 	@echo "== Pythons 3.10, 3.12, 3.13 (nox): unit and integration suites"
 	timeout -k 30 30m $(VENV)/bin/nox
 
