@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+import logging
 import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +21,12 @@ except ImportError:  # pragma: no cover - depends on the install
 
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
+
+log = logging.getLogger("logsdk.integrations")
+
+#: A dropped record is said on the ``logsdk.integrations`` logger at most this often (with
+#: the count since the last time and the latest reason); every one is counted in ``dropped``.
+DROP_WARN_INTERVAL_S = 10.0
 
 
 def _default(value: object) -> object:
@@ -144,18 +152,43 @@ class JsonSender:
         self.dropped = 0
         self._busy = threading.local()
         self._count_lock = threading.Lock()
+        #: Drops not yet said, and when the next warning may be given (``_count_lock``).
+        self._unsaid = 0
+        self._warn_at = 0.0
 
-    def drop(self, n: int = 1) -> None:
-        """Count ``n`` records not sent (thread-safe: adapters run on many threads)."""
+    def drop(
+        self, n: int = 1, why: BaseException | str | None = None, *, now: bool = False
+    ) -> None:
+        """Count ``n`` records not sent (thread-safe: adapters run on many threads), and
+        say so on the ``logsdk.integrations`` logger, at most once per
+        ``DROP_WARN_INTERVAL_S`` (``now``: at once, as at close) with the count since the
+        last warning and ``why``: a log line the application made and Kafka never got is
+        never only a counter."""
         with self._count_lock:
             self.dropped += n
+            self._unsaid += n
+            t = time.monotonic()
+            if t < self._warn_at and not now:
+                return
+            self._warn_at = t + DROP_WARN_INTERVAL_S
+            unsaid, self._unsaid, total = self._unsaid, 0, self.dropped
+        if isinstance(why, BaseException):
+            why = f"{type(why).__name__}: {why}"
+        # Outside the lock: a handler of the logsdk loggers may log or block.
+        log.warning(
+            "logsdk: %d log record(s) not sent to Kafka (%d in all, counted in `dropped`); "
+            "the latest because: %s",
+            unsaid,
+            total,
+            why or "not said",
+        )
 
     def send(self, doc: dict[str, Any], key: str | None) -> bytes | None:
         """Serialise and send; returns the JSON sent, or None (``dropped`` + 1) on failure."""
         if getattr(self._busy, "on", False):
             # A log call made while this thread is sending (a signal handler, or a library
             # the producer uses): skipped, not recursed into, and counted.
-            self.drop()
+            self.drop(why="logged while sending a record on the same thread")
             return None
         self._busy.on = True
         try:
@@ -165,8 +198,8 @@ class JsonSender:
             value = dumps(doc)
             self.producer.send(value, key=key)
             return value
-        except Exception:
-            self.drop()
+        except Exception as exc:
+            self.drop(why=exc)
             return None
         finally:
             self._busy.on = False

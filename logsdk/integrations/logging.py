@@ -186,18 +186,20 @@ class KafkaHandler(logging.Handler):
         are counted, never raised."""
         handoff = self._handoff
         if handoff is not None:
+            why: BaseException | str
             try:
                 item = (record, record.getMessage(), exception_text(record), trace_context())
                 if handoff.put(item):
                     return
-            except Exception:  # an unprintable argument; no thread at interpreter shutdown
-                pass
-            self._sender.drop()
+                why = "the handler's thread is closed, or its queue stayed full for max_block_s"
+            except Exception as exc:  # an unprintable argument; no thread at shutdown
+                why = exc
+            self._sender.drop(why=why)
             return
         try:
             doc = record_to_dict(record, self._sender.host, {})
-        except Exception:
-            self._sender.drop()
+        except Exception as exc:
+            self._sender.drop(why=exc)
             return
         self._sender.send(doc, key=record.name)
 
@@ -208,21 +210,17 @@ class KafkaHandler(logging.Handler):
             doc = record_to_dict(record, self._sender.host, {}, (message, exception))
             if trace is not None:
                 add_trace_context(doc, trace)
-        except Exception:
-            self._sender.drop()
+        except Exception as exc:
+            self._sender.drop(why=exc)
             return
         self._sender.send(doc, key=record.name)
 
     def _left_unsent(self, n: int) -> None:
         """Records handed over that the hand-over thread did not send by close()."""
         if n:
-            self._sender.drop(n)
-            log.warning(
-                "KafkaHandler: %d record(s) handed to its thread were not sent within "
-                "close_timeout=%s s (counted in dropped)",
-                n,
-                self._sender.close_timeout,
-            )
+            timeout = self._sender.close_timeout
+            why = f"handed to the handler's thread, not sent within close_timeout={timeout} s"
+            self._sender.drop(n, why=why, now=True)
 
     def flush(self) -> None:
         """Wait (at most ``flush_timeout``) until sent records are in Kafka or the spool

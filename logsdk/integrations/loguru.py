@@ -87,8 +87,8 @@ class KafkaSink:
             if is_sdk_logger(record["name"]):
                 return
             doc = record_to_dict(record, self._sender.host)
-        except Exception:
-            self._sender.drop()
+        except Exception as exc:
+            self._sender.drop(why=exc)
             return
         name = doc["logger"]
         self._sender.send(doc, key=None if name is None else str(name))

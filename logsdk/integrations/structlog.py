@@ -86,8 +86,8 @@ class KafkaProcessor:
             doc.setdefault("host", self._sender.host)
             key = doc.get(self.key_field) if self.key_field else None
             key = None if key is None else str(key)
-        except Exception:  # a key or field that will not turn into text: never the app's
-            self._sender.drop()
+        except Exception as exc:  # a key or field that will not turn into text
+            self._sender.drop(why=exc)
             return None
         return self._sender.send(doc, key)
 

@@ -27,7 +27,10 @@ def docs_of(bootstrap: str, topic: str) -> list[tuple[bytes | None, dict[str, An
 
 
 def test_structlog_processor_tees_events_to_kafka(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """KafkaProcessor sends each event as JSON (level, timestamp, bound fields, traceback,
     host; key from a field), passes it on to the console renderer, skips the SDK's own
@@ -55,8 +58,10 @@ def test_structlog_processor_tees_events_to_kafka(
         assert kafka.flush(10) == 0
         assert kafka.dropped == 0
     assert "event='user logged in'" in console.getvalue()  # the chain went on
-    log.info("after close")  # the producer is closed: counted, not raised
+    log.info("after close")  # the producer is closed: counted, not raised, said
     assert kafka.dropped == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "logsdk.integrations"]
+    assert len(said) == 1 and "ProducerClosedError" in said[0], said
 
     got = docs_of(kafka_broker.bootstrap_servers, topic)
     assert [d["event"] for _, d in got] == ["user logged in", "charge failed"]
@@ -101,11 +106,16 @@ def test_structlog_renderer_returns_or_drops_the_json(
 
 
 def test_structlog_renderer_never_raises_on_a_bad_event(
-    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka_broker: KafkaTarget,
+    fresh_topic: Callable[..., str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A value that contains itself, one whose str() raises, a key that is not text: the
     event is dropped and counted, the renderer still returns a line, the app never sees an
-    exception; the next good event is sent."""
+    exception; the next good event is sent. The first drop is said at once on the
+    ``logsdk.integrations`` logger with its reason, the next two (within 10 s) only
+    counted."""
 
     class Hostile:
         def __str__(self) -> str:
@@ -125,6 +135,10 @@ def test_structlog_renderer_never_raises_on_a_bad_event(
         log.info("tuple key", **{"k": {(1, 2): "v"}})
         log.info("fine", n=1)
         assert render.dropped == 3
+        said = [r.getMessage() for r in caplog.records if r.name == "logsdk.integrations"]
+        assert len(said) == 1, said
+        assert "1 log record(s) not sent to Kafka (1 in all" in said[0]
+        assert "ValueError: Circular reference detected" in said[0]
     finally:
         render.close()
     lines = out.getvalue().splitlines()

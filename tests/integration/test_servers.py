@@ -7,6 +7,7 @@ for every process (examples/servers/); every log line is counted in Kafka.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message
 
 from logsdk.spool._check import check_spool_dir
 from logsdk.testing import EmbeddedBroker, create_topic, free_port, read_topic
@@ -236,36 +238,80 @@ def _run_pool_script(
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    _POOL_STDERR[tmp_path] = out.stderr
-    return int(out.stdout.strip())
+    _POOL_RUN[tmp_path] = (out.stderr, json.loads(out.stdout))
+    return len(set(_POOL_RUN[tmp_path][1]))
 
 
-#: The pool script's stderr by test dir: logsdk's own warnings of every process of it.
-_POOL_STDERR: dict[Path, str] = {}
+#: The pool script's run by test dir: its stderr (logsdk's own warnings and each worker's
+#: figures at its exit, of every process of it) and the pid that ran each task.
+_POOL_RUN: dict[Path, tuple[str, list[int]]] = {}
 
 
 def _missing_lines(bootstrap: str, topic: str, tmp_path: Path, n: int) -> str:
-    """'' when lines 0..n-1 are all in the topic; else which are not, what the spool dir
-    holds and what the processes said (for a failure's diagnosis)."""
-    missing = sorted({str(r) for r in range(n)} - set(_rids(bootstrap, topic)), key=int)
+    """'' when lines 0..n-1 are all in the topic; else which are not, and what tells where
+    they went: the worker that logged each, what each worker's producer counted at its
+    exit, the offsets read (a hole is a batch the broker acknowledged and does not serve),
+    whether a second read finds them, and what the spool dir holds."""
+    want = {str(r) for r in range(n)}
+    messages = read_topic(bootstrap, topic, timeout=60)
+    missing = sorted(want - {_rid(m) for m in messages}, key=int)
     if not missing:
         return ""
-    spool = check_spool_dir(tmp_path / "spool")
-    held = {s.slot: s.records for s in spool.slots}
+    stderr, pids = _POOL_RUN.get(tmp_path, ("", []))
+    by_worker: dict[int, list[int]] = {}
+    for rid in map(int, missing):
+        by_worker.setdefault(pids[rid] if rid < len(pids) else -1, []).append(rid)
+    offsets: dict[int, list[int]] = {}
+    for m in messages:
+        offsets.setdefault(m.partition() or 0, []).append(m.offset() or 0)
+    holes = {}
+    for p, o in offsets.items():
+        o.sort()
+        holes[p] = [(a, b) for a, b in itertools.pairwise(o) if b != a + 1][:10]
+    time.sleep(2)
+    again = sorted(set(missing) - {_rid(m) for m in read_topic(bootstrap, topic, timeout=60)})
+    held = {s.slot: s.records for s in check_spool_dir(tmp_path / "spool").slots}
     return (
-        f"{len(missing)} line(s) not in Kafka: {missing[:50]}; spool slots' records: "
-        f"{held}; the script's stderr:\n{_POOL_STDERR.get(tmp_path, '')[-4000:]}"
+        f"{len(missing)} line(s) not in Kafka: {missing[:50]}; by the worker that logged "
+        f"them: { {w: (len(r), r[:5]) for w, r in by_worker.items()} }; offsets read per "
+        f"partition: { {p: (len(o), min(o), max(o)) for p, o in offsets.items()} }, holes: "
+        f"{holes}; still missing 2 s later: {len(again)}; spool slots' records: {held}; "
+        f"the script's stderr (workers' figures at exit, logsdk's warnings):\n{stderr[-6000:]}"
     )
+
+
+def _rid(m: Message) -> str:
+    """The rid of a request log line; '' for any other record."""
+    doc = json.loads(m.value() or b"")
+    if not doc.get("message", "").startswith("request "):
+        return ""
+    return str(doc["extra"]["rid"])
 
 
 _POOL = textwrap.dedent(
     """
-    import logging, multiprocessing, os, sys, time
+    import json, logging, multiprocessing, multiprocessing.util, os, sys, time
     sys.path.insert(0, os.environ["SERVERS"])
     from logging_setup import configure
     configure()  # module level: the parent, and each spawned child as it imports this
     log = logging.getLogger("task")
     SLEEP = float(os.environ["TASK_SLEEP"])
+
+    def figures():
+        # After logsdk's own exit hook (priority 10) has closed the handler's producer:
+        # what it counted, for a failure's diagnosis.
+        for h in logging.getLogger().handlers:
+            if hasattr(h, "producer"):
+                s = h.producer.stats()
+                keep = ("producer_id", "state", "sent", "acked", "spooled", "replayed",
+                        "dropped", "buffered", "spool_records", "unconfirmed_acks",
+                        "possible_duplicates", "transitions", "errors")
+                line = json.dumps({k: s.get(k) for k in keep}, default=str)
+                # one write: the workers share the stderr pipe
+                os.write(2, f"worker {os.getpid()} handler dropped {h.dropped} {line}\\n".encode())
+
+    def init():
+        multiprocessing.util.Finalize(None, figures, exitpriority=5)
 
     def task(i):
         log.info("request %d", i, extra={"rid": str(i)})
@@ -275,11 +321,11 @@ _POOL = textwrap.dedent(
     if __name__ == "__main__":
         method, processes, tasks, chunksize, per_child = sys.argv[1:]
         ctx = multiprocessing.get_context(method)
-        pool = ctx.Pool(int(processes), maxtasksperchild=int(per_child) or None)
-        pids = set(pool.map(task, range(int(tasks)), chunksize=int(chunksize)))
+        pool = ctx.Pool(int(processes), init, maxtasksperchild=int(per_child) or None)
+        pids = pool.map(task, range(int(tasks)), chunksize=int(chunksize))
         pool.close()
         pool.join()
-        print(len(pids))
+        print(json.dumps(pids))
     """
 )
 
