@@ -1,6 +1,7 @@
-"""The ``Replayer`` alone: a real spool of 20 rows (ids 1-20, seqs 101-120) in a temporary
-directory, a stand-in client whose produce() records each row's callback (``ack(rid)``),
-which the test then calls with stand-in messages, as librdkafka's poll would."""
+"""The ``Replayer`` alone: a real spool of 20 rows (ids 1-20, values ``v1``-``v20``, seqs
+101-120) in a temporary directory, a stand-in client whose produce() records each row's
+callback (a reused ticket), which the test then calls with stand-in messages, as
+librdkafka's poll would."""
 
 from __future__ import annotations
 
@@ -39,9 +40,14 @@ def replaying(make_parts: Callable[..., Parts], **settings: object) -> Parts:
     return p
 
 
+def row_of(call: Any) -> int:
+    """The spool row id of a produce() call (row ``i`` holds the value ``v<i>``)."""
+    return int(call.value[1:])
+
+
 def handed(client: StandInClient) -> list[int]:
     """The spool row ids handed to the client, in the order it took them."""
-    return [int(c.callback) for c in client.calls]
+    return [row_of(c) for c in client.calls]
 
 
 def ids_left(p: Parts) -> list[int]:
@@ -50,7 +56,7 @@ def ids_left(p: Parts) -> list[int]:
 
 def ack(client: StandInClient, rid: int, err: KafkaError | None = None) -> None:
     """Kafka's report of row ``rid``: acknowledged (an offset), or ``err``."""
-    (call,) = [c for c in client.calls if int(c.callback) == rid]
+    (call,) = [c for c in client.calls if row_of(c) == rid]
     seq = next(v for n, v in call.headers if n == HEADER_SEQ)
     assert isinstance(seq, bytes)
     call.callback(err, msg(offset=None if err else 1000 + rid, headers=[(HEADER_SEQ, seq)]))
@@ -93,6 +99,35 @@ def test_a_full_client_queue_stops_the_batch_and_the_row_goes_next_time(
     client.refuse = lambda value: None
     assert r.replay_some(client)
     assert handed(client) == [1, 2, 3, 4]
+
+
+def test_tickets_are_reused_once_reported_and_never_while_in_flight(
+    make_parts: Callable[..., Parts],
+) -> None:
+    """All 20 rows replayed through 6 tickets (the window): a ticket comes back only with
+    its report, so the ones in flight are always distinct, and each report names the row
+    its ticket carried then; a ticket produce() refused goes back at once."""
+    p = replaying(make_parts)
+    r = p.replay
+    client: Any = StandInClient()
+    client.refuse = lambda value: BufferError("queue full") if value == b"v1" else None
+    assert not r.replay_some(client)  # refused: its ticket is free again
+    assert len(r.rows) == 1
+    assert len(r.free) == 1
+    client.refuse = lambda value: None
+    acked: list[int] = []
+    while r.cursor < ROWS or r.inflight:
+        r.replay_some(client)
+        flying = [c.callback for c in client.calls if row_of(c) in r.inflight]
+        assert len({id(t) for t in flying}) == len(flying) == len(r.inflight)
+        oldest = next(iter(r.inflight))
+        ack(client, oldest)
+        acked.append(oldest)
+    assert acked == list(range(1, ROWS + 1))
+    assert sorted(r.acked_ids) == acked  # each report named its own row
+    assert len(r.rows) == 6  # the window: no ticket made past it
+    assert len({id(c.callback) for c in client.calls}) == 6
+    assert len(r.free) == 6
 
 
 def test_the_replay_keeps_to_the_pace(
