@@ -209,9 +209,9 @@ class Replayer:
                 # Fields the client cannot take (a row written before send() checked them,
                 # or by another program), or a record Kafka refuses: set aside, and the
                 # cursor moves past it.
-                why = (
-                    str(exc) if isinstance(exc, KafkaException) else f"{type(exc).__name__}: {exc}"
-                )
+                why = str(exc)
+                if not isinstance(exc, KafkaException):
+                    why = f"{type(exc).__name__}: {exc}"
                 self._reject(rid, seq.decode(), why)
                 cursor = rid
                 continue
