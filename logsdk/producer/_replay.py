@@ -13,8 +13,9 @@ Invariants owned here:
   ``replay_batch``, and at most ``2 * replay_batch`` rows in flight.
 
 Owner: the pump thread (``owner``: the pump's; the replay's delivery reports run inside
-its polls). ``inflight``, ``acked_ids`` and ``replayed`` are published (the health thread
-and stats() read their size).
+its polls, and the tickets, ``rows`` and ``free``, are its alone). ``inflight``,
+``acked_ids`` and ``replayed`` are published (the health thread and stats() read their
+size).
 """
 
 from __future__ import annotations
