@@ -303,12 +303,13 @@ _POOL = textwrap.dedent(
         for h in logging.getLogger().handlers:
             if hasattr(h, "producer"):
                 s = h.producer.stats()
-                keep = ("producer_id", "state", "sent", "acked", "spooled", "replayed",
-                        "dropped", "buffered", "spool_records", "unconfirmed_acks",
-                        "possible_duplicates", "transitions", "errors")
+                keep = ("producer_id", "slot", "state", "sent", "acked", "spooled",
+                        "replayed", "dropped", "buffered", "spool_records", "unconfirmed_acks",
+                        "possible_duplicates", "transitions", "drained", "errors")
                 line = json.dumps({k: s.get(k) for k in keep}, default=str)
                 # one write: the workers share the stderr pipe
-                os.write(2, f"worker {os.getpid()} handler dropped {h.dropped} {line}\\n".encode())
+                who = "parent" if multiprocessing.parent_process() is None else "worker"
+                os.write(2, f"{who} {os.getpid()} handler dropped {h.dropped} {line}\\n".encode())
 
     def init():
         multiprocessing.util.Finalize(None, figures, exitpriority=5)
@@ -320,6 +321,7 @@ _POOL = textwrap.dedent(
 
     if __name__ == "__main__":
         method, processes, tasks, chunksize, per_child = sys.argv[1:]
+        init()  # the parent's figures too (its producer drains slots workers left)
         ctx = multiprocessing.get_context(method)
         pool = ctx.Pool(int(processes), init, maxtasksperchild=int(per_child) or None)
         pids = pool.map(task, range(int(tasks)), chunksize=int(chunksize))
