@@ -56,6 +56,7 @@ def tests(session: nox.Session) -> None:
         "not fault and not spark and not mock_cluster",
         "-p",
         "no:cacheprovider",
+        "--durations=15",  # as make test's stages: what a slow session spent its time on
         # The benchmark scripts' smoke runs show the scripts, not the Python: they run on
         # the main Python in make test (about half a minute of the two cores per session).
         "--ignore=tests/integration/test_benchmarks.py",
