@@ -195,27 +195,25 @@ class Replayer:
             rows_of[ticket] = rid
             try:
                 produce(topic, value, key, -1, ticket, None, ts or 0, hdrs)
-            except (BufferError, ValueError, TypeError, KafkaException) as exc:
-                # produce() refused it: librdkafka holds neither the record nor the ticket,
-                # so no report will free it. (Any other exception keeps the ticket taken:
-                # had the record gone in, its report comes; a leak, never a reuse.)
-                rows_of[ticket] = 0
-                free.append(ticket)
-                if isinstance(exc, BufferError):
-                    break
-                if isinstance(exc, KafkaException) and not _client.is_record_exception(exc):
-                    self._errors.add("produce_error")
-                    self._degrade(f"replay produce failed: {exc}")
-                    break
+            except BufferError:
+                self._give_back(ticket)
+                break
+            except (ValueError, TypeError) as exc:
+                self._give_back(ticket)
                 # Fields the client cannot take (a row written before send() checked them,
-                # or by another program), or a record Kafka refuses: set aside, and the
-                # cursor moves past it.
-                why = str(exc)
-                if not isinstance(exc, KafkaException):
-                    why = f"{type(exc).__name__}: {exc}"
-                self._reject(rid, seq.decode(), why)
+                # or by another program): set aside, and the cursor moves past it.
+                self._reject(rid, seq.decode(), f"{type(exc).__name__}: {exc}")
                 cursor = rid
                 continue
+            except KafkaException as exc:
+                self._give_back(ticket)
+                if _client.is_record_exception(exc):
+                    self._reject(rid, seq.decode(), str(exc))
+                    cursor = rid
+                    continue
+                self._errors.add("produce_error")
+                self._degrade(f"replay produce failed: {exc}")
+                break
             inflight[rid] = None
             cursor = rid
             sent += 1
@@ -228,6 +226,13 @@ class Replayer:
         ticket = self.ack(len(self.rows))
         self.rows.append(0)
         return ticket
+
+    def _give_back(self, ticket: _ReplayAck) -> None:
+        """produce() refused the row under ``ticket``: librdkafka holds neither, so no
+        report will free it. (Any other exception keeps the ticket taken: had the record
+        gone in, its report comes; a leak, never a reuse under a live row.)"""
+        self.rows[ticket] = 0
+        self.free.append(ticket)
 
     def on_delivery(self, rid: int, err: KafkaError | None, msg: Message) -> None:
         """A replayed row's report, other than a plain acknowledgement (pump thread)."""
