@@ -96,14 +96,17 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> float:
     return time.monotonic() - t0
 
 
+def _rid(m: Message) -> str:
+    """The rid of a request log line; '' for any other record."""
+    doc = json.loads(m.value() or b"")
+    if not doc.get("message", "").startswith("request "):
+        return ""
+    return str(doc["extra"]["rid"])
+
+
 def _rids(bootstrap: str, topic: str) -> list[str]:
     """The rid of every request log line in the topic (duplicates kept)."""
-    out = []
-    for m in read_topic(bootstrap, topic, timeout=60):
-        doc = json.loads(m.value() or b"")
-        if doc.get("message", "").startswith("request "):
-            out.append(doc["extra"]["rid"])
-    return out
+    return [rid for m in read_topic(bootstrap, topic, timeout=60) if (rid := _rid(m))]
 
 
 @pytest.fixture
@@ -281,14 +284,6 @@ def _missing_lines(bootstrap: str, topic: str, tmp_path: Path, n: int) -> str:
         f"{holes}; still missing 2 s later: {again}; spool slots' records: {held}; "
         f"the script's stderr (workers' figures at exit, logsdk's warnings):\n{stderr[-6000:]}"
     )
-
-
-def _rid(m: Message) -> str:
-    """The rid of a request log line; '' for any other record."""
-    doc = json.loads(m.value() or b"")
-    if not doc.get("message", "").startswith("request "):
-        return ""
-    return str(doc["extra"]["rid"])
 
 
 _POOL = textwrap.dedent(
