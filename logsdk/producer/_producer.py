@@ -87,6 +87,12 @@ log = logging.getLogger("logsdk.producer")
 _TS_LIMIT = 1 << 63  # Kafka timestamps are int64 milliseconds
 
 
+class _InClose(threading.local):
+    """Whether this thread is inside :meth:`LogProducer.close` (one per producer)."""
+
+    here = False
+
+
 class LogProducer:
     """Send log records to Kafka without losing them when Kafka or the network fails.
 
@@ -184,6 +190,7 @@ class LogProducer:
         self._stale = False
         self._restart_lock = threading.Lock()
         self._closed = threading.Event()  # close() has finished (the first call)
+        self._in_close = _InClose()
         # A kafka_config librdkafka refuses fails here, before the spool is opened, not in
         # the pump once a client is needed (a spool with leftovers makes that one later).
         _client.check_config(cfg.librdkafka())
@@ -564,14 +571,28 @@ class LogProducer:
         probed at once if it was down; and what free slots of ``spool_dir`` hold, where
         Kafka answers (with Kafka down they are left for the next producer). At the
         deadline, every record not acknowledged is committed to the spool, and the log
-        says how many and where (a warning). ``None`` waits up to 60 s. A second call
-        (from any thread) waits for the first one to end.
+        says how many and where (a warning). ``None`` waits up to 60 s. A second call from
+        another thread waits for the first one to end; one made on the thread already
+        inside close() (a signal handler that interrupted it) returns at once: the
+        interrupted call finishes the work once the handler returns.
 
         It also waits for a health probe under way to end (probes give up within 0.1 s
         once close() stops them), so that nothing of this producer talks to the cluster
         once it has returned (an abandoned probe of the topic could create it on a broker
         that comes up later: seen in a test).
         """
+        # Before any lock: a signal handler runs on the thread it interrupted, which may
+        # hold one of them here, and it cannot wait for the call it interrupted.
+        in_close = self._in_close
+        if in_close.here:
+            return
+        in_close.here = True
+        try:
+            self._close(timeout)
+        finally:
+            in_close.here = False
+
+    def _close(self, timeout: float | None) -> None:
         budget = 60.0 if timeout is None else max(0.0, timeout)
         deadline = time.monotonic() + budget
         if self._stale and self._close_stale():
@@ -746,6 +767,7 @@ class LogProducer:
         # part is built again by the first use: only these two are used before it).
         self._restart_lock = threading.Lock()
         self._closed = threading.Event()
+        self._in_close = _InClose()  # the forking thread may have been inside close()
 
     def _restart_in_child(self) -> None:
         """First use in a forked child: start as a new producer on the same configuration,

@@ -3,7 +3,10 @@ slot is reported once, by the producer that left it."""
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -68,3 +71,54 @@ def test_each_leftover_is_reported_once(
     about_slot_1 = [r for r in caplog.records if "slots/1" in r.getMessage()]
     assert len(about_slot_1) == 1, [r.getMessage() for r in about_slot_1]
     assert about_slot_1[0].getMessage().startswith("close(): 10 record(s) not delivered")
+
+
+# argv: bootstrap (nowhere), spool dir. Kafka down: 3,000 records, then close(5), and a
+# SIGALRM handler (a common shutdown pattern) calls close(5) again, 1 s into the first.
+_CLOSED_FROM_A_HANDLER = """
+import json, signal, sys, time
+from logsdk import LogProducer
+
+p = LogProducer(sys.argv[1], "t", sys.argv[2])
+for i in range(3000):
+    p.send(b"%d" % i)
+handler_took = []
+
+def on_alarm(signum, frame):
+    t0 = time.monotonic()
+    p.close(5)
+    handler_took.append(time.monotonic() - t0)
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 1.0)
+t0 = time.monotonic()
+p.close(5)
+took = time.monotonic() - t0
+print(json.dumps({"close_s": took, "handler_s": handler_took,
+                  "spooled": p.stats()["spool_records"]}))
+"""
+
+
+def test_close_called_again_by_a_signal_handler_during_close_returns_at_once(
+    tmp_path: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    """Kafka down, 3,000 records sent, the app in close(5); a SIGALRM handler calls close(5)
+    on the same thread 1 s in: the handler's call returns at once and the first close
+    ends in about its 5 s, all 3,000 records in the spool (the handler's call waited 65 s
+    for the close it had interrupted, the app took 67 s)."""
+    script = tmp_path / "app.py"
+    script.write_text(_CLOSED_FROM_A_HANDLER)
+    nowhere = f"127.0.0.1:{free_port()}"
+    proc = spawn([sys.executable, str(script), nowhere, str(tmp_path / "spool")],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the app still runs after {time.monotonic() - t0:.0f}s") from None
+    assert proc.returncode == 0, err[-3000:]
+    got = json.loads(out)
+    assert got["spooled"] == 3000
+    assert len(got["handler_s"]) == 1, got  # the alarm went off inside close()
+    assert got["handler_s"][0] < 0.5, got
+    assert 4.5 < got["close_s"] < 6.5, got
