@@ -47,11 +47,18 @@ def _default(value: object) -> object:
 ENCODER = json.JSONEncoder(default=_default, ensure_ascii=False, separators=(",", ":"))
 
 
+def utf8(text: str) -> bytes:
+    """``text`` in UTF-8, where a lone surrogate (undecodable bytes of a file name or argv,
+    surrogate-escaped by Python), which UTF-8 cannot carry, is written as its escape
+    \\udcXX: the one rule of every adapter for such text (in JSON, that escape decodes back
+    to the same text; the OpenTelemetry exporter's OTLP strings carry it as written)."""
+    return text.encode("utf-8", "backslashreplace")
+
+
 def dumps_json(doc: Mapping[str, Any]) -> bytes:
-    """A document as UTF-8 JSON, with the standard library. A lone surrogate (undecodable
-    bytes of a file name or argv, surrogate-escaped by Python) becomes its JSON escape
-    \\udcXX, which decodes back to the same text."""
-    return ENCODER.encode(doc).encode("utf-8", "backslashreplace")
+    """A document as UTF-8 JSON, with the standard library; lone surrogates as
+    :func:`utf8` writes them."""
+    return utf8(ENCODER.encode(doc))
 
 
 if orjson is not None:

@@ -9,17 +9,23 @@
         bootstrap_servers="kafka:9092", topic="otlp_logs", spool_dir="/var/lib/app/otel")))
 
 Each export batch becomes one Kafka record (more when it is larger than
-``max_record_bytes``): an OTLP ``ExportLogsServiceRequest``, the payload the OpenTelemetry
+``max_record_bytes``, or than the producer's ``message_max_bytes`` less room for the
+record's headers): an OTLP ``ExportLogsServiceRequest``, the payload the OpenTelemetry
 Collector's Kafka receiver reads with ``encoding: otlp_proto`` (the default), or
-``otlp_json``. The records go through a :class:`~logsdk.LogProducer`: kept in the spool
-while Kafka is unreachable and replayed, safe at fork and exit, each with the producer's
-``(producer, seq)`` headers.
+``otlp_json``. Text UTF-8 cannot carry (a lone surrogate: undecodable bytes of a file name
+or argv, surrogate-escaped by Python) is written with the escape the JSON adapters use,
+``\\udcXX``; a log record OTLP cannot carry even so (a body of an int beyond 64 bits) is
+left out of its batch, counted in :attr:`KafkaLogExporter.failed` and said on this
+module's logger, once per batch. The records go through a :class:`~logsdk.LogProducer`:
+kept in the spool while Kafka is unreachable and replayed, safe at fork and exit, each
+with the producer's ``(producer, seq)`` headers.
 
 ``export()`` returns ``SUCCESS`` once the producer has accepted the batch (in Kafka, on
-its way, or kept on disk); ``FAILURE`` only when the producer refused it (closed, or full
-past ``max_block_s``), counted in :attr:`KafkaLogExporter.failed`. ``force_flush()`` waits
-until what was exported is durable (in Kafka or the spool); ``shutdown()`` closes a
-producer the exporter owns, delivering what Kafka takes within ``close_timeout``.
+its way, or kept on disk); ``FAILURE`` when the producer refused some of it (closed, or
+full past ``max_block_s``) or a log record could not be encoded, those log records
+counted in :attr:`KafkaLogExporter.failed`. ``force_flush()`` waits until what was
+exported is durable (in Kafka or the spool); ``shutdown()`` closes a producer the exporter
+owns, delivering what Kafka takes within ``close_timeout``.
 
 Reading them back: :func:`decode_otlp` (a LogConsumer's handler), or
 ``spark_sink.logs.parse_otlp`` in Spark.
@@ -31,24 +37,35 @@ OTLP protobuf encoder).
 from __future__ import annotations
 
 import base64
+import contextlib
+import copy
+import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf import json_format
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from logsdk.errors import ConfigError, LogSDKError
+from logsdk.integrations._sender import utf8
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
 
 log = logging.getLogger("logsdk.integrations.otel")
 
 ENCODINGS = ("otlp_proto", "otlp_json")
+#: Bytes kept free under the producer's message size limit for what Kafka adds to a value:
+#: its framing in a record batch (61 bytes of batch header, at most 36 of record) and the
+#: headers the producer adds (``logsdk.producer`` and ``logsdk.seq``: under 100 bytes).
+HEADROOM_BYTES = 1024
 #: OTLP/JSON writes these bytes fields as hex strings, not base64 (the OTLP spec).
 _HEX_FIELDS = ("traceId", "spanId")
 
@@ -85,6 +102,53 @@ def _any_value(value: Any) -> Any:
     if kind == "kvlist_value":
         return {kv.key: _any_value(kv.value) for kv in value.kvlist_value.values}
     return getattr(value, kind)
+
+
+def _escape(value: Any) -> Any:
+    """``value`` (an OTel ``AnyValue``) with every text in it as :func:`utf8` writes it."""
+    if isinstance(value, str):
+        return utf8(value).decode()
+    if value is None or isinstance(value, (bytes, bool, int, float)):
+        return value
+    if isinstance(value, Mapping):
+        return {_escape(k): _escape(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [_escape(v) for v in value]
+    return value  # not an AnyValue: the encoder refuses it, escaped or not
+
+
+def _escaped(record: ReadableLogRecord) -> ReadableLogRecord:
+    """A copy of ``record`` with every text in it (body, severity text, event name,
+    attributes, scope, resource) as :func:`utf8` writes it; the record is not changed."""
+    lr = copy.copy(record.log_record)
+    lr.body = _escape(lr.body)
+    lr.severity_text = _escape(lr.severity_text)
+    lr.event_name = _escape(lr.event_name)
+    attributes = BoundedAttributes(attributes=_escape(dict(lr.attributes or {})), immutable=False)
+    attributes.dropped = record.dropped_attributes  # the count OTLP carries, kept
+    lr.attributes = attributes
+    scope = record.instrumentation_scope
+    if scope is not None:
+        scope = InstrumentationScope(
+            _escape(scope.name),
+            _escape(scope.version),
+            scope.schema_url,
+            _escape(dict(scope.attributes or {})),
+        )
+    resource = Resource(_escape(dict(record.resource.attributes)), record.resource.schema_url)
+    return dataclasses.replace(
+        record, log_record=lr, resource=resource, instrumentation_scope=scope
+    )
+
+
+def _attribute_count(request: Any) -> int:
+    """How many attributes the log records of an encoded request hold."""
+    return sum(
+        len(lr.attributes)
+        for rl in request.resource_logs
+        for sl in rl.scope_logs
+        for lr in sl.log_records
+    )
 
 
 def _hex(raw: bytes) -> str | None:
@@ -149,11 +213,14 @@ class KafkaLogExporter(LogRecordExporter):
     Pass a ``producer`` (not closed by :meth:`shutdown`) or the producer's arguments
     (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one. ``topic`` overrides
     the producer's topic for these records. ``encoding``: ``"otlp_proto"`` (default) or
-    ``"otlp_json"``. A batch whose encoding exceeds ``max_record_bytes`` is split into
-    several records (a single log record larger than that goes alone, and the producer
-    may refuse it: see :meth:`export`).
+    ``"otlp_json"``. A batch whose encoding exceeds ``max_record_bytes``, or the
+    producer's ``message_max_bytes`` (its ``kafka_config["message.max.bytes"]`` when that
+    is lower) less :data:`HEADROOM_BYTES` for the record's framing and headers, is split
+    into several records (a single log record larger than that goes alone, and the
+    producer may refuse it: see :meth:`export`).
 
-    Threads: ``export()`` runs on the batch processor's thread; :attr:`exported`,
+    Threads: ``export()`` runs on the batch processor's thread (with
+    ``SimpleLogRecordProcessor``, on the thread that emitted); :attr:`exported`,
     :attr:`records` and :attr:`failed` are written there only (read anywhere).
     """
 
@@ -193,6 +260,14 @@ class KafkaLogExporter(LogRecordExporter):
         self.topic = topic
         self.encoding = encoding
         self.max_record_bytes = max_record_bytes
+        # What the producer takes: its own check (send() refuses a value above
+        # message_max_bytes) and librdkafka's (message.max.bytes, which a kafka_config may
+        # set lower), each counting the headers and framing too.
+        cfg = self.producer.config
+        limit = cfg.message_max_bytes
+        limit = min(limit, int(cfg.kafka_config.get("message.max.bytes", limit)))
+        #: Payloads above this are split (unless a single log record): the smaller limit.
+        self._split_above = max(1, min(max_record_bytes, limit - HEADROOM_BYTES))
         #: Log records accepted by the producer, Kafka records made of them, and log
         #: records whose batch the producer refused.
         self.exported = 0
@@ -200,33 +275,78 @@ class KafkaLogExporter(LogRecordExporter):
         self.failed = 0
         self._shutdown = threading.Event()
 
-    def _encode(self, batch: Sequence[ReadableLogRecord]) -> list[tuple[bytes, int]]:
-        """The batch as (payload, log records in it), each payload at most
-        ``max_record_bytes`` (the batch halved until they fit) unless one log record
+    def _encode(
+        self, batch: Sequence[ReadableLogRecord]
+    ) -> tuple[list[tuple[bytes, int]], int, BaseException | None]:
+        """The batch as (payload, log records in it) parts, the log records left out, and
+        the first reason. Encoded as it is when OTLP carries every log record whole (the
+        encoder raises on text UTF-8 cannot carry in a body, drops such an attribute);
+        else each log record is escaped (:func:`_escaped`) and encoded alone, and one that
+        fails even so is left out."""
+        request = None
+        with contextlib.suppress(Exception):  # the encoder's errors are not typed
+            request = encode_logs(batch)
+        if request is not None and _attribute_count(request) == sum(
+            len(r.log_record.attributes or ()) for r in batch
+        ):
+            return self._split(batch, request), 0, None
+        kept: list[ReadableLogRecord] = []
+        left, why = 0, None
+        for record in batch:
+            try:
+                escaped = _escaped(record)
+                encode_logs([escaped])
+            except Exception as exc:  # as above: this log record is left out
+                left += 1
+                why = why or exc
+                continue
+            kept.append(escaped)
+        return (self._split(kept, encode_logs(kept)) if kept else []), left, why
+
+    def _split(self, batch: Sequence[ReadableLogRecord], request: Any) -> list[tuple[bytes, int]]:
+        """``batch`` (encoded as ``request``) as (payload, log records in it), each payload
+        within the split limit (the batch halved until they fit) unless one log record
         alone is larger."""
-        request = encode_logs(batch)
         if self.encoding == "otlp_json":
             payload = to_otlp_json(request)
         else:
             payload = request.SerializeToString()
-        if len(payload) > self.max_record_bytes and len(batch) > 1:
+        if len(payload) > self._split_above and len(batch) > 1:
             half = len(batch) // 2
-            return self._encode(batch[:half]) + self._encode(batch[half:])
+            return self._split(batch[:half], encode_logs(batch[:half])) + self._split(
+                batch[half:], encode_logs(batch[half:])
+            )
         return [(payload, len(batch))]
 
     def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
         """Hand the batch to the producer as OTLP records; SUCCESS once all are accepted.
 
         A part the producer refuses (closed, full past ``max_block_s``, larger than its
-        ``max_record_bytes``) is counted in :attr:`failed` and logged; the other parts
+        ``message_max_bytes``) is counted in :attr:`failed` and logged; so are the log
+        records OTLP cannot carry even escaped (one warning for them all); the other parts
         are kept, and the result is FAILURE.
         """
         if self._shutdown.is_set():
             log.warning("export after shutdown: %d log record(s) not exported", len(batch))
             self.failed += len(batch)
             return LogRecordExportResult.FAILURE
-        ok = True
-        for payload, n in self._encode(batch) if batch else ():
+        if not batch:
+            return LogRecordExportResult.SUCCESS
+        try:
+            parts, left, why = self._encode(batch)
+        except Exception as exc:  # never into OTel: it drops the batch unsaid
+            parts, left, why = [], len(batch), exc
+        ok = not left
+        if left:
+            self.failed += left
+            log.warning(
+                "%d log record(s) not exported (counted in `failed`): OTLP cannot carry them: "
+                "%s: %s",
+                left,
+                type(why).__name__,
+                why,
+            )
+        for payload, n in parts:
             try:
                 self.producer.send(payload, topic=self.topic)
             except LogSDKError as exc:

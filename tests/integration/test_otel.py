@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -180,6 +180,129 @@ def test_large_batches_are_split_under_max_record_bytes(
     assert all(len(v) <= 4096 for v in values)
     assert len(values) >= 10
     check_fields(app, values)
+
+
+#: What ``os.listdir`` returns for a file name whose bytes are not UTF-8 (``caf\xe9``).
+UNDECODABLE = b"caf\xe9".decode("utf-8", "surrogateescape")
+
+
+def emitting(exporter: KafkaLogExporter, processor: str) -> tuple[LoggerProvider, Any]:
+    """A LoggerProvider over ``exporter`` with OTel's ``"batch"`` processor (its default
+    batch of 512, a queue that drops nothing here) or its ``"simple"`` one; and a logger."""
+    provider = LoggerProvider(shutdown_on_exit=False)
+    if processor == "batch":
+        provider.add_log_record_processor(
+            BatchLogRecordProcessor(exporter, schedule_delay_millis=50, max_queue_size=10_000)
+        )
+    else:
+        provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+    return provider, provider.get_logger("app.files", "1.0")
+
+
+@pytest.mark.parametrize("encoding", ["otlp_proto", "otlp_json"])
+@pytest.mark.parametrize("processor", ["batch", "simple"])
+def test_text_utf8_cannot_carry_is_escaped_and_its_batch_delivered(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path,
+    encoding: str, processor: str,
+) -> None:  # fmt: skip
+    """1,000 log records, three carrying a surrogate-escaped file name (a str body, a map
+    body, an attribute): all 1,000 in Kafka, that text written with the JSON adapters'
+    escape (``caf\\udce9``), everything else as logged; nothing counted in ``failed``."""
+    topic = fresh_topic(1)
+    exporter = KafkaLogExporter(
+        bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic,
+        spool_dir=tmp_path / "spool", encoding=encoding,
+    )  # fmt: skip
+    provider, logger = emitting(exporter, processor)
+    for i in range(1000):
+        body: Any = f"line {i}"
+        attributes: dict[str, Any] = {"i": i}
+        if i == 100:
+            body = f"opened {UNDECODABLE}"
+        elif i == 500:
+            body = {"op": "open", "file": UNDECODABLE}
+        elif i == 900:
+            attributes["file"] = UNDECODABLE
+        logger.emit(body=body, attributes=attributes)
+    provider.shutdown()
+    values = [m.value() or b"" for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    rows = [r for v in values for r in decode_otlp(v, encoding)]
+    by_i = {r["attributes"]["i"]: r for r in rows}
+    assert len(rows) == 1000
+    assert sorted(by_i) == list(range(1000))
+    assert by_i[100]["body"] == "opened caf\\udce9"
+    assert by_i[500]["body"] == {"op": "open", "file": "caf\\udce9"}
+    assert by_i[900]["attributes"] == {"i": 900, "file": "caf\\udce9"}
+    assert all(r["body"] == f"line {i}" for i, r in by_i.items() if i not in (100, 500))
+    assert (exporter.exported, exporter.failed) == (1000, 0)
+
+
+def test_a_log_record_otlp_cannot_carry_is_counted_and_said_once(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """One batch of 100 log records, two of them with a body no OTLP value holds (an int
+    beyond 64 bits): the 98 others in Kafka, ``failed`` 2, and one warning for the two."""
+    import logging
+
+    topic = fresh_topic(1)
+    exporter = KafkaLogExporter(
+        bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic,
+        spool_dir=tmp_path / "spool",
+    )  # fmt: skip
+    provider = LoggerProvider(shutdown_on_exit=False)
+    # Exported only by force_flush below: the 100 log records go as one batch.
+    provider.add_log_record_processor(
+        BatchLogRecordProcessor(exporter, schedule_delay_millis=600_000)
+    )
+    logger = provider.get_logger("app")
+    for i in range(100):
+        logger.emit(body=2**70 if i in (10, 60) else f"line {i}", attributes={"i": i})
+    with caplog.at_level(logging.WARNING, logger="logsdk.integrations.otel"):
+        assert provider.force_flush()
+    provider.shutdown()
+    rows = [
+        r
+        for m in read_topic(kafka_broker.bootstrap_servers, topic)
+        for r in decode_otlp(m.value() or b"")
+    ]
+    assert sorted(r["attributes"]["i"] for r in rows) == [
+        i for i in range(100) if i not in (10, 60)
+    ]
+    assert (exporter.exported, exporter.failed) == (98, 2)
+    said = [r for r in caplog.records if r.name == "logsdk.integrations.otel"]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert "2 log record(s)" in said[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [{"message_max_bytes": 256_000}, {"kafka_config": {"message.max.bytes": 256_000}}],
+    ids=["message_max_bytes", "kafka_config"],
+)
+def test_batches_are_split_under_the_producers_message_max_bytes(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path,
+    limit: dict[str, Any],
+) -> None:  # fmt: skip
+    """A 256,000-byte limit on the exporter's producer (for a cluster with a lower
+    ``max.message.bytes``), as ``message_max_bytes`` or librdkafka's own property, and
+    3,000 log records of about 650 B in OTel's default batches of 512 (about 330 kB
+    each): split under the producer's limit, all 3,000 in Kafka."""
+    topic = fresh_topic(1)
+    exporter = KafkaLogExporter(
+        bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic,
+        spool_dir=tmp_path / "spool", **limit,
+    )  # fmt: skip
+    provider, logger = emitting(exporter, "batch")
+    for i in range(3000):
+        logger.emit(body=f"request {i} " + "x" * 600, attributes={"i": i, "path": "/orders"})
+    provider.shutdown()
+    values = [m.value() or b"" for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    rows = [r for v in values for r in decode_otlp(v)]
+    assert sorted(r["attributes"]["i"] for r in rows) == list(range(3000))
+    assert max(len(v) for v in values) <= 256_000
+    assert 600 <= len(values[0]) / len(decode_otlp(values[0])) <= 700  # about 650 B each
+    assert (exporter.exported, exporter.failed) == (3000, 0)
 
 
 def test_a_borrowed_producer_is_left_open_and_shares_its_guarantees(
