@@ -15,6 +15,14 @@ Users' own integration tests can use them too::
 :class:`MockCluster` is a second, independent Kafka implementation (librdkafka's mock
 cluster): several brokers and commit metadata kept, but no kill, restart or network cut.
 
+:class:`ApacheKafka` is Apache Kafka itself (KRaft, one or three nodes, from the jars
+Maven Central serves; needs Java 17+ and, for the first fetch, Maven): leaders that move,
+``min.insync.replicas``, a real group coordinator and transactions::
+
+    with ApacheKafka(nodes=3, proxy=True) as kafka:
+        kafka.kill(kafka.leader_of("app-logs", 0))   # the leader crashes
+        kafka.restart(1, graceful=True)              # a controlled restart of node 1
+
 The pytest fixtures (``kafka_broker``, ``fresh_topic``, ``broker_factory``) are
 in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
 
@@ -24,12 +32,15 @@ in-flight table and shm ring.
 """
 
 from logsdk.testing._admin import create_topic, delete_topic, read_topic
+from logsdk.testing._apache import KAFKA_VERSION, ApacheKafka
 from logsdk.testing._broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
 from logsdk.testing._check import DeliveryReport, check_delivery, identity
 from logsdk.testing._hooks import producer_hooks
 from logsdk.testing._mock import MockCluster
 
 __all__ = [
+    "KAFKA_VERSION",
+    "ApacheKafka",
     "DeliveryReport",
     "EmbeddedBroker",
     "MockCluster",

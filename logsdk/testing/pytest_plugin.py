@@ -11,8 +11,18 @@ Fixtures:
 - ``broker_factory`` (function): a factory of :class:`EmbeddedBroker` instances that
   the test may kill, pause or cut off; stopped at the end of the test. Skipped, with
   the reason, when ``LOGSDK_TEST_BOOTSTRAP`` points at an external cluster.
+- ``apache_kafka`` (session): Apache Kafka itself, one KRaft node
+  (:class:`~logsdk.testing.ApacheKafka`), as a :class:`KafkaTarget`.
+- ``apache_cluster_factory`` (function): a factory of started
+  :class:`~logsdk.testing.ApacheKafka` clusters (three nodes unless told) that the test
+  may kill, pause, restart or cut off; killed at the end of the test, their logs kept
+  under the test's ``tmp_path`` and named in the report of a test that failed.
 
-Markers: ``integration``, ``fault``, ``slow``, ``spark``.
+A test marked ``each_broker`` runs three times: on the session's broker, on librdkafka's
+mock cluster (``[mock]``) and on Apache Kafka (``[apache]``), each through the ``kafka``
+fixture.
+
+Markers: ``integration``, ``fault``, ``slow``, ``spark``, ``apache_kafka``.
 
 Ownership checks (:mod:`logsdk._owner`) are on in every test session that loads this
 plugin (``LOGSDK_CHECK_OWNERS=1``, inherited by the processes tests start; set it to
@@ -37,10 +47,11 @@ import pytest
 from logsdk import _owner
 from logsdk._types import ClientConfig
 from logsdk.testing._admin import create_topic
+from logsdk.testing._apache import ApacheKafka
 from logsdk.testing._broker import EmbeddedBroker
 from logsdk.testing._mock import MockCluster
 
-BrokerKind = Literal["external", "container", "embedded", "mock"]
+BrokerKind = Literal["external", "container", "embedded", "mock", "apache"]
 
 ENV_BOOTSTRAP = "LOGSDK_TEST_BOOTSTRAP"
 ENV_BROKER = "LOGSDK_TEST_BROKER"
@@ -50,9 +61,11 @@ MARKERS = {
     "fault": "kills, pauses or cuts off the broker; needs an embedded broker",
     "slow": "takes more than a few seconds",
     "spark": "needs pyspark and Java",
-    "each_broker": "runs on the session's broker and on librdkafka's mock cluster (use the "
-    "'kafka' fixture)",
+    "each_broker": "runs on the session's broker, on librdkafka's mock cluster and on Apache "
+    "Kafka (use the 'kafka' fixture)",
     "mock_cluster": "runs on librdkafka's mock cluster (the [mock] run of an each_broker test)",
+    "apache_kafka": "runs on Apache Kafka itself (needs Java 17+, and Maven for the first fetch "
+    "of its jars)",
 }
 
 
@@ -109,6 +122,7 @@ class KafkaTarget:
     kind: BrokerKind
     embedded: EmbeddedBroker | None = None
     mock: MockCluster | None = None
+    apache: ApacheKafka | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @property
@@ -124,12 +138,16 @@ class KafkaTarget:
             return self.embedded.client_config(role)
         if self.mock is not None:
             return self.mock.client_config(role)
+        if self.apache is not None:
+            return self.apache.client_config(role)
         return {"bootstrap.servers": self.bootstrap_servers}
 
     def create_topic(self, name: str, partitions: int = 3, **kw: Any) -> str:
         """Create a topic and wait until all its partitions have a leader."""
         if self.mock is not None:
             return self.mock.create_topic(name, partitions, **kw)
+        if self.apache is not None:
+            kw.setdefault("replication_factor", -1)  # the cluster's default.replication.factor
         return create_topic(self.bootstrap_servers, name, partitions, **kw)
 
     def close(self) -> None:
@@ -147,6 +165,11 @@ def open_target(kind: BrokerKind | None = None) -> KafkaTarget:
         mock = MockCluster(brokers=3).start()
         target = KafkaTarget(mock.bootstrap_servers, "mock", mock=mock)
         target._closers.append(mock.stop)
+        return target
+    if kind == "apache":
+        cluster = ApacheKafka(nodes=1).start()
+        target = KafkaTarget(cluster.bootstrap_servers, "apache", apache=cluster)
+        target._closers.append(lambda: cluster.stop(timeout=5.0))
         return target
     if kind == "external":
         return KafkaTarget(os.environ[ENV_BOOTSTRAP].strip(), "external")
@@ -195,7 +218,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
     if "kafka" in metafunc.fixturenames:
         metafunc.parametrize(
-            "kafka", ["broker", pytest.param("mock", marks=pytest.mark.mock_cluster)], indirect=True
+            "kafka",
+            [
+                "broker",
+                pytest.param("mock", marks=pytest.mark.mock_cluster),
+                pytest.param("apache", marks=pytest.mark.apache_kafka),
+            ],
+            indirect=True,
         )
 
 
@@ -219,14 +248,25 @@ def mock_cluster() -> Iterator[KafkaTarget]:
         target.close()
 
 
+@pytest.fixture(scope="session")
+def apache_kafka() -> Iterator[KafkaTarget]:
+    """Apache Kafka, one KRaft node (see :class:`~logsdk.testing.ApacheKafka`)."""
+    target = open_target("apache")
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+_FIXTURE_OF_KIND = {"broker": "kafka_broker", "mock": "mock_cluster", "apache": "apache_kafka"}
+
+
 @pytest.fixture
 def kafka(request: pytest.FixtureRequest) -> KafkaTarget:
     """The cluster of this run: ``kafka_broker``, or ``mock_cluster`` in the ``[mock]``
-    run of a test marked ``each_broker``."""
+    run and ``apache_kafka`` in the ``[apache]`` run of a test marked ``each_broker``."""
     kind = getattr(request, "param", "broker")
-    target: KafkaTarget = request.getfixturevalue(
-        "mock_cluster" if kind == "mock" else "kafka_broker"
-    )
+    target: KafkaTarget = request.getfixturevalue(_FIXTURE_OF_KIND[kind])
     return target
 
 
@@ -265,3 +305,40 @@ def broker_factory() -> Iterator[Callable[..., EmbeddedBroker]]:
     with contextlib.ExitStack() as stopping:  # every broker stopped, even if one stop raises
         for b in brokers:
             stopping.callback(b.stop, timeout=2.0)
+
+
+_REPORT_KEY = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    item.stash.setdefault(_REPORT_KEY, {})[report.when] = report
+    return report
+
+
+@pytest.fixture
+def apache_cluster_factory(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., ApacheKafka]]:
+    """Factory: ``apache_cluster_factory(nodes=3, **kw)`` is a started
+    :class:`~logsdk.testing.ApacheKafka`, killed after the test. Its nodes' data and logs
+    are kept under a directory of the test's own (pytest keeps the last runs'); a test
+    that failed names each node's log file."""
+    clusters: list[ApacheKafka] = []
+
+    def make(nodes: int = 3, **kw: Any) -> ApacheKafka:
+        kw.setdefault("workdir", tmp_path_factory.mktemp("kafka", numbered=True))
+        cluster = ApacheKafka(nodes, **kw)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    reports = request.node.stash.get(_REPORT_KEY, {})
+    failed = any(r.failed for r in reports.values())
+    for cluster in clusters:
+        if failed:
+            paths = ", ".join(f"node {n}: {p}" for n, p in cluster.log_paths().items())
+            request.node.add_report_section("teardown", "Apache Kafka logs", paths)
+        with contextlib.suppress(Exception):
+            cluster.stop(graceful=False)

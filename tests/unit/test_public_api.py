@@ -30,6 +30,8 @@ def test_testing_exports() -> None:
     """logsdk.testing exports exactly these names."""
     assert sorted(logsdk.testing.__all__) == sorted(
         [
+            "KAFKA_VERSION",
+            "ApacheKafka",
             "DeliveryReport",
             "EmbeddedBroker",
             "MockCluster",
