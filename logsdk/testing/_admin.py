@@ -7,13 +7,7 @@ import time
 import uuid
 from collections.abc import Mapping
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from logsdk._fork import AdminClient, Consumer
@@ -97,16 +91,28 @@ def read_topic(
 ) -> list[Message]:
     """Every record of ``topic`` from the beginning to the current end of each partition.
 
-    Reads with ``assign`` (no consumer group, no commit) until each partition reports
-    end-of-partition; ``idle`` keeps reading that many extra seconds after that, for
-    records still on their way. Raises :class:`BrokerError` past ``timeout``, or once no
-    record arrived for ``stall_timeout`` seconds (a slow read that progresses goes on).
+    Reads with ``assign`` (no consumer group, no commit) from offset 0 until each
+    partition reports end-of-partition; ``idle`` keeps reading that many extra seconds
+    after that, for records still on their way. Raises :class:`BrokerError` past
+    ``timeout``, or once no record arrived for ``stall_timeout`` seconds (a slow read
+    that progresses goes on).
+
+    Each partition is read from offset 0, not from the offset the broker answers to
+    ListOffsets EARLIEST: the embedded broker (Tansu 0.6) answers that with the base
+    offset of the batch it stored first, which is above 0 when two producers' first
+    batches to a partition were stored out of order, and a read from there skips the
+    records below it. Tansu never deletes records (memory or S3 storage, no retention,
+    no DeleteRecords), so offset 0 is where every partition starts. A broker that did
+    delete the start (retention, librdkafka's mock cluster) answers offset 0 with
+    OFFSET_OUT_OF_RANGE and the read resets to its earliest offset
+    (``auto.offset.reset``), which such a broker reports right.
     """
     conf: ClientConfig = {
         "bootstrap.servers": bootstrap_servers,
         "group.id": f"logsdk-read-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "enable.partition.eof": True,
+        # Only for a start deleted under offset 0 (above): where the read goes then.
         "auto.offset.reset": "earliest",
     }
     conf.update(extra_config or {})
@@ -116,7 +122,7 @@ def read_topic(
         if md is None or md.error is not None:
             raise BrokerError(f"topic {topic!r} not found: {md.error if md else 'no metadata'}")
         parts = sorted(md.partitions)
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Message] = []
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout

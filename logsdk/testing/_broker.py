@@ -292,12 +292,15 @@ class EmbeddedBroker:
     (Tansu's S3 engine on a moto S3 server in a second child process); without it
     storage is in memory and lost on restart. ``proxy=True`` puts a TCP proxy
     between clients and the broker, so :meth:`cut` and :meth:`heal` can take the
-    network away while the broker keeps running, and :meth:`drop_produce_as_duplicate`
-    can lose a batch the client believes acknowledged. Nothing is started in the
+    network away while the broker keeps running, :meth:`drop_produce_as_duplicate`
+    can lose a batch the client believes acknowledged, and :meth:`misreport_earliest`
+    shows readers a partition start above offset 0. Nothing is started in the
     constructor. Several brokers may run at once.
 
     Tansu 0.6.0 traits to design tests around (found by probing it): ListOffsets
-    "latest" returns the last batch's base offset + 1 (read to the end instead);
+    "latest" returns the base offset + 1 of the batch stored last, and "earliest" the
+    base offset of the batch stored first, which is above 0 when concurrent producers'
+    first batches were stored out of order (read from offset 0 to the end instead);
     group joins take about session.timeout.ms / 2; commit metadata is always
     returned as None; ``read_committed`` still shows aborted records; after a
     memory-storage restart an idempotent producer fails fatally and a missing
@@ -495,6 +498,24 @@ class EmbeddedBroker:
     def metadata_faults_done(self) -> int:
         """Metadata responses changed by :meth:`fail_metadata` so far."""
         return self._need_proxy("metadata_faults_done").metadata_faults_done
+
+    def misreport_earliest(
+        self, offset: int = 1, count: int = 1, *, topics: Iterable[str] | None = None
+    ) -> None:
+        """Answer ``offset`` (default 1) to ListOffsets EARLIEST for the partitions of
+        ``topics`` (default all) in the next ``count`` responses that carry one (needs
+        ``proxy=True``; count 0 disarms).
+
+        What Tansu itself answers, under load, when two producers' first batches to a
+        partition were stored in another order than their offsets: a reader that starts
+        at the earliest offset (``OFFSET_BEGINNING``, ``auto.offset.reset=earliest``)
+        skips the records below it. See :meth:`TcpProxy.misreport_earliest`."""
+        self._need_proxy("misreport_earliest").misreport_earliest(offset, count, topics=topics)
+
+    @property
+    def earliest_misreports_done(self) -> int:
+        """ListOffsets responses changed by :meth:`misreport_earliest` so far."""
+        return self._need_proxy("earliest_misreports_done").earliest_misreports_done
 
     @property
     def produce_versions(self) -> frozenset[int]:

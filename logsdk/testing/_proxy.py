@@ -33,6 +33,12 @@ caller that lists topics. It counts responses, not calls: librdkafka may send a
 fresh client's first ``list_topics()`` twice (on the bootstrap connection, then
 again on the broker's own), and then one call uses two.
 
+``misreport_earliest(offset, n)`` answers ``offset`` in place of the broker's answer to
+ListOffsets EARLIEST (what ``auto.offset.reset=earliest``, ``OFFSET_BEGINNING`` and the
+low of ``get_watermark_offsets`` ask) in the next ``n`` responses that carry one: what
+Tansu 0.6 answers when a partition's first batches were stored in another order than
+their offsets (docs/engineering/broker-quirks.md), on demand instead of under load.
+
 Everything else passes through unchanged. The proxy splits both directions into
 Kafka frames (an int32 size, then the message) to know each request's
 correlation id, so that a response it makes up is sent only after the responses
@@ -65,6 +71,13 @@ _METADATA_MIN, _METADATA_FLEXIBLE, _METADATA_TOPIC_ID, _METADATA_MAX = 1, 9, 10,
 #: ProduceRequest/Response versions this proxy can decode and answer (flexible from 9,
 #: topics named by id instead of name from 13).
 _PRODUCE_MIN, _PRODUCE_FLEXIBLE, _PRODUCE_TOPIC_ID, _PRODUCE_MAX = 3, 9, 13, 13
+#: Kafka's ApiKey of ListOffsetsRequest, and the timestamp that asks a partition's earliest
+#: offset.
+LIST_OFFSETS = 2
+EARLIEST = -2
+#: ListOffsetsRequest/Response versions this proxy can decode (flexible from 6); others
+#: pass unchanged.
+_LIST_OFFSETS_MIN, _LIST_OFFSETS_FLEXIBLE, _LIST_OFFSETS_MAX = 1, 6, 10
 #: Larger frames are a corrupt stream (or not Kafka): pass the bytes through blindly.
 _MAX_FRAME = 1 << 30
 _BUF = 256 * 1024
@@ -104,6 +117,9 @@ class _Decoder:
 
     def int32(self) -> int:
         return int(struct.unpack(">i", self._take(4))[0])
+
+    def int64(self) -> int:
+        return int(struct.unpack(">q", self._take(8))[0])
 
     def uvarint(self) -> int:
         value = shift = 0
@@ -369,6 +385,68 @@ def _metadata_topic_errors(frame: bytes, version: int) -> list[tuple[int, str | 
     return found
 
 
+def _list_offsets_earliest(frame: bytes) -> tuple[int, frozenset[tuple[str, int]]] | None:
+    """The version of a ListOffsetsRequest and the (topic, partition) pairs it asks the
+    earliest offset of; None for any other request, a version this proxy cannot read, or
+    a request that asks no earliest offset."""
+    try:
+        d = _Decoder(frame)
+        api_key, version = d.int16(), d.int16()
+        if api_key != LIST_OFFSETS or not _LIST_OFFSETS_MIN <= version <= _LIST_OFFSETS_MAX:
+            return None
+        d.int32()  # correlation id
+        d.string(flexible=False)  # client_id: a plain int16 string even in header v2
+        flexible = version >= _LIST_OFFSETS_FLEXIBLE
+        if flexible:
+            d.skip_tags()
+        d.int32()  # replica id
+        if version >= 2:
+            d._take(1)  # isolation level
+        asked: set[tuple[str, int]] = set()
+        for _ in range(max(d.array_len(flexible), 0)):  # topics
+            name = d.string(flexible) or ""
+            for _ in range(max(d.array_len(flexible), 0)):  # partitions
+                index = d.int32()
+                if version >= 4:
+                    d.int32()  # current leader epoch
+                if d.int64() == EARLIEST:
+                    asked.add((name, index))
+                if flexible:
+                    d.skip_tags()
+            if flexible:
+                d.skip_tags()
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return (version, frozenset(asked)) if asked else None
+
+
+def _list_offsets_answers(frame: bytes, version: int) -> list[tuple[str, int, int, int]]:
+    """Each partition of a ListOffsetsResponse frame: (topic, partition, error code,
+    where its offset sits in the frame)."""
+    flexible = version >= _LIST_OFFSETS_FLEXIBLE
+    d = _Decoder(frame)
+    d.int32()  # correlation id
+    if flexible:
+        d.skip_tags()  # response header v1
+    if version >= 2:
+        d.int32()  # throttle_time_ms
+    found: list[tuple[str, int, int, int]] = []
+    for _ in range(max(d.array_len(flexible), 0)):  # topics
+        name = d.string(flexible) or ""
+        for _ in range(max(d.array_len(flexible), 0)):  # partitions
+            index, error = d.int32(), d.int16()
+            d.int64()  # timestamp
+            found.append((name, index, error, d.pos))
+            d.int64()  # offset
+            if version >= 4:
+                d.int32()  # leader epoch
+            if flexible:
+                d.skip_tags()
+        if flexible:
+            d.skip_tags()
+    return found
+
+
 # -- the proxy --------------------------------------------------------------------------------
 
 
@@ -383,6 +461,9 @@ class _Conn:
     owed: deque[tuple[int, bytes | None]] = field(default_factory=deque)
     #: correlation id -> version of the all-topics Metadata requests awaiting an answer.
     metadata: dict[int, int] = field(default_factory=dict)
+    #: correlation id -> (version, the (topic, partition) pairs asked EARLIEST) of the
+    #: ListOffsets requests awaiting an answer, while misreport_earliest is armed.
+    earliest: dict[int, tuple[int, frozenset[tuple[str, int]]]] = field(default_factory=dict)
 
 
 class TcpProxy:
@@ -404,6 +485,10 @@ class TcpProxy:
         self._meta_done = 0
         self._meta_error = LEADER_NOT_AVAILABLE
         self._meta_topics: frozenset[str] | None = None
+        self._early_armed = 0
+        self._early_done = 0
+        self._early_offset = 0
+        self._early_topics: frozenset[str] | None = None
         # (producer id, epoch, topic, partition) -> [(base sequence, records)] of the
         # batches lost by drop_produce_as_duplicate (event loop thread only).
         self._lost: dict[tuple[int, int, _Topic, int], list[tuple[int, int]]] = {}
@@ -483,6 +568,73 @@ class TcpProxy:
         for at, _ in hit:
             struct.pack_into(">h", buf, at, error)
         log.info("metadata response v%d: error %d set on %s", version, error, [n for _, n in hit])
+        return bytes(buf)
+
+    @property
+    def earliest_misreports_done(self) -> int:
+        """ListOffsets responses :meth:`misreport_earliest` has changed so far."""
+        with self._lock:
+            return self._early_done
+
+    def misreport_earliest(
+        self, offset: int, count: int = 1, *, topics: Iterable[str] | None = None
+    ) -> None:
+        """Answer ``offset`` for each partition of ``topics`` (default: every topic) asked
+        its earliest offset in the next ``count`` ListOffsets responses that carry one.
+
+        Partitions the broker answered with an error, and every other answer, pass
+        unchanged. Replaces any misreports still armed (count 0 disarms).
+        """
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count!r}")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset!r}")
+        with self._lock:
+            self._early_armed = count
+            self._early_offset = offset
+            self._early_topics = None if topics is None else frozenset(topics)
+        log.info("armed: the next %d earliest-offset answer(s) say %d", count, offset)
+
+    def _earliest_asked(self, frame: bytes) -> tuple[int, frozenset[tuple[str, int]]] | None:
+        """The version and asked partitions of a ListOffsets request whose answer is to be
+        changed, while misreports are armed."""
+        with self._lock:
+            if self._early_armed <= 0:
+                return None
+            wanted = self._early_topics
+        found = _list_offsets_earliest(frame)
+        if found is None:
+            return None
+        version, asked = found
+        asked = frozenset(tp for tp in asked if wanted is None or tp[0] in wanted)
+        return (version, asked) if asked else None
+
+    def _misreport_earliest(
+        self, frame: bytes, version: int, asked: frozenset[tuple[str, int]]
+    ) -> bytes:
+        """``frame`` with the armed offset in place of each asked partition's, while
+        misreports are armed."""
+        try:
+            spots = _list_offsets_answers(frame, version)
+        except (IndexError, struct.error, UnicodeDecodeError):
+            log.warning("list offsets response v%d not understood; passed unchanged", version)
+            return frame
+        hit = [(t, p, at) for t, p, error, at in spots if error == 0 and (t, p) in asked]
+        with self._lock:
+            if not hit or self._early_armed <= 0:
+                return frame
+            self._early_armed -= 1
+            self._early_done += 1
+            offset = self._early_offset
+        buf = bytearray(frame)
+        for _, _, at in hit:
+            struct.pack_into(">q", buf, at, offset)
+        log.info(
+            "list offsets response v%d: earliest %d said for %s",
+            version,
+            offset,
+            [f"{t}[{p}]" for t, p, _ in hit],
+        )
         return bytes(buf)
 
     def drop_produce_as_duplicate(self, count: int = 1) -> None:
@@ -655,6 +807,8 @@ class TcpProxy:
             if api_key != PRODUCE:
                 if api_key == METADATA and (version := _metadata_all_topics(frame)) is not None:
                     conn.metadata[correlation_id] = version
+                if api_key == LIST_OFFSETS and (asked := self._earliest_asked(frame)) is not None:
+                    conn.earliest[correlation_id] = asked
                 conn.owed.append((correlation_id, None))
                 return [head, frame]
             req = _parse_produce(frame)
@@ -683,6 +837,8 @@ class TcpProxy:
             version = conn.metadata.pop(correlation_id, None)
             if version is not None:
                 frame = self._fail_metadata(frame, version)
+            if (earliest := conn.earliest.pop(correlation_id, None)) is not None:
+                frame = self._misreport_earliest(frame, *earliest)
             if conn.owed and conn.owed[0][0] == correlation_id:
                 conn.owed.popleft()
             else:

@@ -169,6 +169,7 @@ def trace_deliveries(p: Any, write: Callable[[str], object]) -> None:
 def _consumer_child(args: argparse.Namespace) -> int:
     """Consume exactly-once into the shared SQLite sink until SIGTERM."""
     from logsdk import LogConsumer, Record
+    from logsdk.consumer import TopicPartition
     from logsdk.sinks import SQLiteSink
 
     lat_path = Path(args.latency)
@@ -186,6 +187,15 @@ def _consumer_child(args: argparse.Namespace) -> int:
                 TimedSink.worst = worst
                 lat_path.write_text(f"{worst:.3f}")
             super().process(batch)
+
+        def stored_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+            """The stored offsets, and offset 0 for a partition with none: the broker
+            (Tansu, S3 storage) never deletes records, so every partition starts at 0,
+            while its answer to ListOffsets EARLIEST (``auto.offset.reset``) is the base
+            offset of the batch it stored first, above 0 when the producers' first
+            batches to a partition were stored out of order."""
+            stored = super().stored_offsets(partitions)
+            return {tp: stored.get(tp, 0) for tp in partitions}
 
     c = LogConsumer(
         args.bootstrap,
