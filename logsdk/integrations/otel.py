@@ -37,7 +37,6 @@ OTLP protobuf encoder).
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import dataclasses
 import json
@@ -104,6 +103,24 @@ def _any_value(value: Any) -> Any:
     return getattr(value, kind)
 
 
+def _unencodable(value: Any) -> bool:
+    """True when ``value`` (an OTel ``AnyValue``, or a tuple of them) holds text UTF-8
+    cannot carry."""
+    if isinstance(value, str):
+        if value.isascii():
+            return False
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, Mapping):
+        return any(_unencodable(k) or _unencodable(v) for k, v in value.items())
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        return any(_unencodable(v) for v in value)
+    return False
+
+
 def _escape(value: Any) -> Any:
     """``value`` (an OTel ``AnyValue``) with every text in it as :func:`utf8` writes it."""
     if isinstance(value, str):
@@ -118,37 +135,46 @@ def _escape(value: Any) -> Any:
 
 
 def _escaped(record: ReadableLogRecord) -> ReadableLogRecord:
-    """A copy of ``record`` with every text in it (body, severity text, event name,
-    attributes, scope, resource) as :func:`utf8` writes it; the record is not changed."""
-    lr = copy.copy(record.log_record)
+    """``record`` itself when UTF-8 carries all its text, else a copy with its text (body,
+    severity text, event name, attributes, scope, resource) as :func:`utf8` writes it;
+    ``record`` is not changed."""
+    lr = record.log_record
+    attrs = dict(lr.attributes or {})
+    scope = record.instrumentation_scope
+    scope_text = () if scope is None else (scope.name, scope.version, dict(scope.attributes or {}))
+    resource = record.resource
+    resource_attrs = dict(resource.attributes)
+    own = (lr.body, lr.severity_text, lr.event_name, attrs)
+    if not _unencodable((*own, *scope_text, resource_attrs)):
+        return record
+    lr = copy.copy(lr)
     lr.body = _escape(lr.body)
     lr.severity_text = _escape(lr.severity_text)
     lr.event_name = _escape(lr.event_name)
-    attributes = BoundedAttributes(attributes=_escape(dict(lr.attributes or {})), immutable=False)
+    attributes = BoundedAttributes(attributes=_escape(attrs), immutable=False)
     attributes.dropped = record.dropped_attributes  # the count OTLP carries, kept
     lr.attributes = attributes
-    scope = record.instrumentation_scope
-    if scope is not None:
-        scope = InstrumentationScope(
-            _escape(scope.name),
-            _escape(scope.version),
-            scope.schema_url,
-            _escape(dict(scope.attributes or {})),
-        )
-    resource = Resource(_escape(dict(record.resource.attributes)), record.resource.schema_url)
+    if scope is not None and _unencodable(scope_text):
+        name, version, scope_attrs = _escape(scope_text)
+        scope = InstrumentationScope(name, version, scope.schema_url, scope_attrs)
+    if _unencodable(resource_attrs):
+        resource = Resource(_escape(resource_attrs), resource.schema_url)
     return dataclasses.replace(
         record, log_record=lr, resource=resource, instrumentation_scope=scope
     )
 
 
-def _attribute_count(request: Any) -> int:
-    """How many attributes the log records of an encoded request hold."""
-    return sum(
-        len(lr.attributes)
-        for rl in request.resource_logs
-        for sl in rl.scope_logs
-        for lr in sl.log_records
-    )
+def _encoded(batch: Sequence[ReadableLogRecord]) -> Any:
+    """The OTLP request of ``batch``, or None when OTel's encoder refused a log record
+    (it raises on text UTF-8 cannot carry in a body, on an int beyond 64 bits) or dropped
+    an attribute of one (it does so, and logs it, for such text in an attribute)."""
+    try:
+        request = encode_logs(batch)
+    except Exception:  # the encoder's errors are not typed
+        return None
+    held = sum(len(lr.attributes) for rl in request.resource_logs
+               for sl in rl.scope_logs for lr in sl.log_records)  # fmt: skip
+    return request if held == sum(len(r.log_record.attributes or ()) for r in batch) else None
 
 
 def _hex(raw: bytes) -> str | None:
@@ -278,29 +304,27 @@ class KafkaLogExporter(LogRecordExporter):
     def _encode(
         self, batch: Sequence[ReadableLogRecord]
     ) -> tuple[list[tuple[bytes, int]], int, BaseException | None]:
-        """The batch as (payload, log records in it) parts, the log records left out, and
-        the first reason. Encoded as it is when OTLP carries every log record whole (the
-        encoder raises on text UTF-8 cannot carry in a body, drops such an attribute);
-        else each log record is escaped (:func:`_escaped`) and encoded alone, and one that
-        fails even so is left out."""
-        request = None
-        with contextlib.suppress(Exception):  # the encoder's errors are not typed
-            request = encode_logs(batch)
-        if request is not None and _attribute_count(request) == sum(
-            len(r.log_record.attributes or ()) for r in batch
-        ):
+        """The batch as (payload, log records in it) parts, the number of log records left
+        out, and the first reason. As it is when OTLP carries it whole; else with text
+        UTF-8 cannot carry escaped (:func:`_escaped`); else each log record is tried alone
+        and one OTLP cannot carry is left out."""
+        request = _encoded(batch)
+        if request is None:
+            escaped = [_escaped(r) for r in batch]
+            request = _encoded(escaped)
+            batch = escaped
+        if request is not None:
             return self._split(batch, request), 0, None
         kept: list[ReadableLogRecord] = []
         left, why = 0, None
         for record in batch:
             try:
-                escaped = _escaped(record)
-                encode_logs([escaped])
-            except Exception as exc:  # as above: this log record is left out
+                encode_logs([record])
+            except Exception as exc:  # the encoder's errors are not typed
                 left += 1
                 why = why or exc
                 continue
-            kept.append(escaped)
+            kept.append(record)
         return (self._split(kept, encode_logs(kept)) if kept else []), left, why
 
     def _split(self, batch: Sequence[ReadableLogRecord], request: Any) -> list[tuple[bytes, int]]:
