@@ -407,7 +407,8 @@ class ApacheKafka:
 
     def coordinator_of(self, group: str, timeout: float = 10.0) -> int:
         """The node id of ``group``'s coordinator."""
-        futures = self._admin().describe_consumer_groups([group], request_timeout=timeout)
+        admin = self._admin()  # kept until the answer came: its futures need the client
+        futures = admin.describe_consumer_groups([group], request_timeout=timeout)
         return int(futures[group].result(timeout).coordinator.id)
 
     def __enter__(self) -> ApacheKafka:
