@@ -1,4 +1,11 @@
-"""What every logging adapter shares: a LogProducer, JSON, and never raising into the app."""
+"""What every logging adapter shares: a LogProducer, JSON, and never raising into the app.
+
+Invariants:
+- a forked child starts each sender it inherited with a lock of its own and nothing
+  counted (the parent's lock may have been held by one of its threads at the fork, and
+  the parent says its own drops): a log call in the child never waits for a thread that
+  exists only in the parent.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +27,7 @@ try:  # the extra `orjson`: the same fields written about ten times faster
 except ImportError:  # pragma: no cover - depends on the install
     orjson = None  # type: ignore[assignment]
 
+from logsdk import _fork
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
 
@@ -155,13 +164,15 @@ class JsonSender:
         self.static_fields = dict(static_fields or {})
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        #: Records that could not be serialised or sent (never raised into the app).
+        #: Records that could not be serialised or sent (never raised into the app), in
+        #: this process (a forked child counts its own from 0).
         self.dropped = 0
         self._busy = threading.local()
         self._count_lock = threading.Lock()
         #: Drops not yet said, and when the next warning may be given (``_count_lock``).
         self._unsaid = 0
         self._warn_at = 0.0
+        _LIVE.add(self)
 
     def drop(
         self, n: int = 1, why: BaseException | str | None = None, *, now: bool = False
@@ -223,3 +234,25 @@ class JsonSender:
         """Close the producer if this sender created it: deliver for ``close_timeout``."""
         if self.owned:
             self.producer.close(timeout=self.close_timeout)
+
+    def _forked(self) -> None:
+        """In a forked child (one thread runs): the parent's lock is kept, never freed or
+        used (one of its threads may have held it at the fork); a fresh one, and a count
+        of the child's own drops."""
+        _fork.bury(self._count_lock)
+        self._count_lock = threading.Lock()
+        self.dropped = 0
+        self._unsaid = 0
+        self._warn_at = 0.0
+
+
+#: Every sender alive (a forked child starts the ones it inherited afresh).
+_LIVE: weakref.WeakSet[JsonSender] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for sender in list(_LIVE):
+        sender._forked()
+
+
+_fork.at_fork_in_child(_after_fork_in_child)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,8 @@ import pytest
 from logsdk import LogProducer
 from logsdk.integrations import _sender
 from logsdk.integrations._sender import JsonSender
+from logsdk.integrations.logging import KafkaHandler
+from tests.conftest import wait_until
 
 
 def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -75,3 +81,95 @@ def test_a_log_call_made_while_sending_is_counted_and_said(
     said = _said(caplog)
     assert len(said) == 1
     assert "logged while sending a record on the same thread" in said[0]
+
+
+class Unprintable:
+    """A value whose ``str()`` raises: the adapters can write no JSON for it (dropped)."""
+
+    def __str__(self) -> str:
+        raise ValueError("this value has no text")
+
+
+#: Children forked while the parent's threads drop records, and how long they all have to
+#: make their one log call and leave (a healthy child needs a few milliseconds).
+FORKS = 40
+CHILDREN_TIMEOUT_S = 20.0
+
+
+def _exit_codes(pids: list[int], timeout: float) -> list[int | None]:
+    """Each child's exit code; None for one still running after ``timeout`` s (killed)."""
+    codes: dict[int, int | None] = {}
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    for pid in pids:
+        if pid not in codes:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            codes[pid] = None
+    return [codes[pid] for pid in pids]
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
+def test_a_child_forked_while_other_threads_drop_records_logs_and_counts_its_own(
+    tmp_path: Path, background: bool
+) -> None:
+    """Two threads log records the handler must drop while the main thread forks: every
+    child's own log call of such a record returns and is counted (the drop count's lock,
+    held by a parent thread at the fork, is never the child's)."""
+    p = LogProducer("127.0.0.1:9", "t", tmp_path)
+    p.close(0)  # nothing to connect to: the records here are dropped before Kafka anyway
+    handler = KafkaHandler(p, background=background, flush_timeout=5.0, close_timeout=1.0)
+    logger = logging.getLogger(f"tests.sender.fork.{background}")
+    logger.propagate = False
+    logger.addHandler(handler)
+    stop = threading.Event()
+
+    def drop_records() -> None:
+        while not stop.is_set():
+            logger.error("%s", Unprintable())  # dropped on this thread, in either mode
+
+    def drops_go_on() -> None:
+        n = handler.dropped
+        wait_until(lambda: handler.dropped > n + 20, 10, "the threads' drops", 0.001)
+
+    threads = [threading.Thread(target=drop_records) for _ in range(2)]
+    for t in threads:
+        t.start()
+    pids: list[int] = []
+    try:
+        for _ in range(FORKS):
+            drops_go_on()  # each fork falls while the threads drop, a little later each time
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    before = handler.dropped
+                    logger.error("the child's", extra={"v": Unprintable()})
+                    if background:
+                        handler.flush()  # the handler's thread has worked the record
+                    code = 0 if handler.dropped == before + 1 else 3
+                    if before != 0:
+                        code = 4  # the parent's drops are the parent's to count and say
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        codes = _exit_codes(pids, CHILDREN_TIMEOUT_S)
+        logger.removeHandler(handler)
+        handler.close()
+    assert codes == [0] * FORKS, (
+        f"of {FORKS} children, {codes.count(None)} hung in the log call (killed after "
+        f"{CHILDREN_TIMEOUT_S} s) and {codes.count(3)} did not count their record (the "
+        f"handler's thread still on it after flush_timeout), {codes.count(4)} started "
+        f"with the parent's count; exit codes {codes}"
+    )
