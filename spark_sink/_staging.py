@@ -5,13 +5,20 @@ Each write task (an executor) writes its rows as one Arrow IPC stream file; the 
 directory; on a cluster it must be storage every executor and the driver reach: an
 object store or HDFS, through :mod:`pyarrow.fs`.
 
-``stagingDir`` is a local path or a URI: ``file://``, ``s3://bucket/prefix`` (also
+``stagingDir`` is a local path or a URI: ``file:``, ``s3://bucket/prefix`` (also
 ``s3a://``), ``gs://bucket/prefix`` (also ``gcs://``), ``hdfs://host:port/path``.
 Options of the filesystem are sink options ``staging.<name>`` with pyarrow's names
 (``staging.endpoint_override``, ``staging.region``, ...). Credentials come from the
 filesystem's usual chain (for S3: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
 ``~/.aws``, the instance's role) unless given as options; either way they are never
 logged nor shown in a repr or an error.
+
+A ``file`` URI names the path pyarrow's ``FileSystem.from_uri`` gives for it, in every
+form (``file:/p``, ``file:///p``, escapes such as ``%20``; a query or fragment is not part of
+the path), and ``file://localhost/p`` names ``/p`` as ``file:///p`` does (RFC 8089; pyarrow
+refuses every host); a form pyarrow refuses (relative, another host, a user, a bad escape)
+fails :meth:`Staging.parse`. So the driver and every executor resolve the same absolute
+path, whatever their working directory.
 
 A file is whole when a reader sees it: on a local filesystem it is written as ``.tmp``
 and renamed; an object store makes an object visible only when its upload completes.
@@ -122,6 +129,9 @@ class Staging:
         scheme = urllib.parse.urlsplit(where).scheme.lower()
         if len(scheme) <= 1:  # no scheme, or a Windows drive letter
             uri, scheme = str(Path(where).absolute()), "file"
+        elif scheme == "file":
+            _file_path(where)  # one that pyarrow refuses fails here, on the driver
+            uri = where
         elif scheme not in _SCHEMES:
             raise SparkSourceError(
                 f"stagingDir {_shown(where)!r}: scheme {scheme!r} is not supported; use a "
@@ -148,7 +158,8 @@ class Staging:
 
     @property
     def scheme(self) -> str:
-        return urllib.parse.urlsplit(self.uri).scheme.lower() if "://" in self.uri else "file"
+        # A local path is stored absolute: it starts with "/", so it has no scheme.
+        return urllib.parse.urlsplit(self.uri).scheme.lower() or "file"
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -176,10 +187,9 @@ class Staging:
         known = _SCHEMES[scheme]
         kwargs = {name: _convert(name, known[name], text) for name, text in self.options}
         parts = urllib.parse.urlsplit(self.uri)
+        if scheme == "file":  # a URI, or a local path made absolute by parse()
+            return pafs.LocalFileSystem(), _file_path(self.uri) if parts.scheme else self.uri
         try:
-            if scheme == "file":
-                path = self.uri if "://" not in self.uri else urllib.parse.unquote(parts.path)
-                return pafs.LocalFileSystem(), str(Path(path).absolute())
             if not kwargs:
                 fs, root = pafs.FileSystem.from_uri(self.uri)
                 return fs, root.rstrip("/")
@@ -269,6 +279,33 @@ class Staging:
         selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
         infos = fs.get_file_info(selector)
         return sorted(i.path[len(root) + 1 :] for i in infos if i.type == pafs.FileType.File)
+
+
+#: ``file://localhost`` followed by the path (or nothing): the host RFC 8089 reads as none.
+_LOCALHOST = re.compile(r"\Afile://localhost(?=[/?#]|\Z)", re.IGNORECASE)
+
+
+def _file_path(uri: str) -> str:
+    """The absolute local path the ``file`` URI ``uri`` names, as pyarrow resolves it
+    (``localhost`` read as no host). Raises SparkSourceError for a form pyarrow refuses."""
+    canonical = _LOCALHOST.sub("file://", uri, count=1)
+    canonical = "file" + canonical[len("file") :]  # pyarrow knows the scheme in lower case
+    try:
+        fs, path = pafs.FileSystem.from_uri(canonical)
+    except (ValueError, pa.ArrowException) as exc:  # UnicodeDecodeError: a ValueError
+        why = str(exc).replace(canonical, _shown(uri))  # pyarrow's text quotes the URI
+        raise SparkSourceError(
+            f"stagingDir {_shown(uri)!r} is not a file URI pyarrow can open ({why}); write "
+            "file:///absolute/path (file:/absolute/path, file://localhost/absolute/path) "
+            "or a plain local path"
+        ) from None  # not chained: pyarrow's own text would show a password
+    # Every process must resolve the same place: never a path relative to its directory.
+    if not isinstance(fs, pafs.LocalFileSystem) or not Path(path).is_absolute():
+        raise SparkSourceError(
+            f"stagingDir {_shown(uri)!r}: pyarrow reads it as {path!r} on {fs.type_name}, "
+            "not an absolute local path; write file:///absolute/path"
+        )
+    return str(path)
 
 
 def _shown(uri: str) -> str:

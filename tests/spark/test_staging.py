@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from logsdk.errors import SparkSourceError
@@ -95,3 +96,66 @@ def test_a_uri_password_and_query_are_not_shown() -> None:
     staging = Staging.parse(f"hdfs://me:{SECRET}@namenode:8020/staging?x={SECRET}", {})
     assert SECRET not in repr(staging)
     assert "hdfs://me@namenode:8020/staging" in repr(staging)
+
+
+#: Every way of writing ``file`` URIs for one directory ``{d}`` (an absolute path, with
+#: a space and an "A" in its last name: "a b A"), each with the form pyarrow resolves it
+#: from. pyarrow refuses a host, even ``localhost``; RFC 8089 makes ``file://localhost/p``
+#: the same file as ``file:///p``, and so does the sink.
+FILE_FORMS = [
+    ("file:{d}/a%20b%20%41", "file:{d}/a%20b%20%41"),
+    ("file://{d}/a%20b%20%41", "file://{d}/a%20b%20%41"),
+    ("file://localhost{d}/a%20b%20%41", "file://{d}/a%20b%20%41"),
+    ("FILE://LocalHost{d}/a%20b%20%41", "file://{d}/a%20b%20%41"),
+    ("file:{d}/a%20b%20A#part", "file:{d}/a%20b%20A#part"),
+    ("file:{d}/a%20b%20A?x=1", "file:{d}/a%20b%20A?x=1"),
+    ("file://{d}/a%20b%20A/", "file://{d}/a%20b%20A/"),
+]
+
+
+@pytest.mark.parametrize(
+    ("form", "as_pyarrow"),
+    FILE_FORMS,
+    ids=[f.split("{d}")[0] + "..." + f.split("{d}")[1] for f, _ in FILE_FORMS],
+)
+def test_a_file_uri_stages_where_pyarrow_resolves_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str, as_pyarrow: str
+) -> None:
+    """Every form of a ``file`` URI stages in the directory pyarrow's own ``from_uri`` gives
+    (an executor writes, and the driver reads, the same place whatever their working
+    directory), never under the working directory."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    d = str(tmp_path)
+    uri = form.format(d=d)
+    _, expected = pafs.FileSystem.from_uri(as_pyarrow.format(d=d))
+    assert expected == f"{d}/a b A"
+    staging = Staging.parse(uri, {})
+    assert staging.filesystem()[1] == expected
+    copy = pickle.loads(pickle.dumps(staging))  # as an executor gets it
+    assert copy.filesystem()[1] == expected
+    exercise(staging)
+    staging.write(staging.batch_dir("sink", 3), "part-0-0-a.arrow", batches(1))
+    assert (tmp_path / "a b A/sink/batch-3/part-0-0-a.arrow").is_file()
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "file:relative/dir",
+        "file:",
+        "file://otherhost/tmp/x",
+        "file://user@localhost/tmp/x",
+        "file:/tmp/a%zz",
+        "file:/tmp/%FF",
+        f"file://me:{SECRET}@localhost/tmp/x",
+    ],
+)
+def test_a_file_uri_pyarrow_refuses_fails_at_parse_with_what_to_write(form: str) -> None:
+    with pytest.raises(pa.ArrowInvalid if "%FF" not in form else UnicodeDecodeError):
+        pafs.FileSystem.from_uri(form)
+    with pytest.raises(SparkSourceError, match=r"write file:///absolute/path") as err:
+        Staging.parse(form, {})
+    assert SECRET not in str(err.value)
