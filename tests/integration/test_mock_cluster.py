@@ -1,10 +1,10 @@
 """The second Kafka implementation, librdkafka's mock cluster: 3 brokers, commit metadata
-kept. It shows what Tansu cannot: the consumer's out-of-order progress kept in commit
-metadata, end to end, and the producer on a replication-factor-3 topic."""
+kept. It shows what Tansu cannot: the producer on a replication-factor-3 topic, and a
+broker down while the others serve (the consumer's out-of-order progress kept in commit
+metadata: tests/integration/test_commit_metadata.py)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from logsdk import LogConsumer, LogProducer, Record
+from logsdk import LogProducer
 from logsdk.testing import MockCluster, check_delivery, read_topic
-from tests.conftest import kafka_producer, rdkafka_config, wait_until
+from tests.conftest import rdkafka_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.mock_cluster]
 
@@ -71,64 +71,6 @@ def test_producer_rides_out_one_broker_down_while_the_others_serve(
     rep = check_delivery(read_topic(mock.bootstrap_servers, topic))
     assert rep.missing(p.producer_id, range(20_000)) == []
     assert rep.unique == 20_000
-
-
-def _fill(bootstrap: str, topic: str, n: int) -> None:
-    with kafka_producer({"bootstrap.servers": bootstrap, "enable.idempotence": True}) as prod:
-        for i in range(n):
-            prod.produce(topic, b"%d" % i, partition=0)
-        assert prod.flush(30) == 0
-
-
-def test_out_of_order_progress_survives_a_restart_through_commit_metadata(
-    mock: MockCluster,
-) -> None:
-    """One partition of 200 records; the handler holds offset 10 while every other record
-    completes, out of order, and is committed (the low mark stays at 10, the rest in the
-    commit's metadata). The consumer is stopped with 10 still held. A new consumer of the
-    group then processes offset 10 only: nothing completed is processed again. Were the
-    metadata dropped (as Tansu does), it would process 10..199 again."""
-    topic = f"c-{uuid.uuid4().hex[:8]}"
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    _fill(mock.bootstrap_servers, topic, 200)
-    release = threading.Event()
-    done: list[int] = []
-
-    def hold_ten(rec: Record) -> None:
-        if rec.offset == 10:
-            release.wait(60)
-        done.append(rec.offset)
-
-    kw: dict[str, Any] = {
-        "ordering": "none",
-        "workers": 4,
-        "max_batch": 1,
-        "commit_interval": 0.2,
-        # The first consumer leaves with offset 10's handler still running: its member is
-        # evicted after the session timeout (librdkafka's default is 45 s).
-        "kafka_config": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
-    }
-    first = LogConsumer(mock.bootstrap_servers, group, [topic], hold_ten, **kw).start()
-    again: list[int] = []
-    try:
-        wait_until(lambda: len(done) == 199, 60, "every record but offset 10 processed")
-        # stop() commits what is done; offset 10, still held, is abandoned. It stays held
-        # until the end: done later, the old member would commit it after all.
-        first.stop(timeout=1)
-        assert 10 not in done
-        second = LogConsumer(mock.bootstrap_servers, group, [topic],
-                             lambda r: again.append(r.offset), **kw).start()  # fmt: skip
-        try:
-            wait_until(lambda: 10 in again, 60, "offset 10 processed by the new consumer")
-            time.sleep(1.0)  # any record wrongly redelivered would come right behind it
-            skipped = second.stats()["skipped"]
-        finally:
-            second.stop()
-    finally:
-        release.set()
-        first.stop()
-    assert again == [10], again[:20]
-    assert skipped == 189  # 11..199 fetched again and skipped as done (the metadata)
 
 
 def _metadata(bootstrap: str, topic: str) -> Any:
