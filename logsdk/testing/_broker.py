@@ -193,7 +193,7 @@ def spawn_logged(cmd: list[str], env: dict[str, str], log: IO[bytes]) -> subproc
     )
 
 
-class _Child:
+class ChildProcess:
     """One child process with its output in a file, for the log tail on errors."""
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
@@ -244,7 +244,7 @@ class _Child:
 
 def start_s3_server(
     port: int, bucket: str, env: dict[str, str], log_path: Path, timeout: float
-) -> _Child:
+) -> ChildProcess:
     """moto's S3 server on ``127.0.0.1:port`` in a child process that dies with this one,
     returned once it has created ``bucket``; :class:`BrokerStartError` with its log's tail
     if it exits or does not answer within ``timeout`` seconds."""
@@ -257,7 +257,7 @@ def start_s3_server(
         "-p",
         str(port),
     ]
-    child = _Child("s3", cmd, env, log_path)
+    child = ChildProcess("s3", cmd, env, log_path)
     url = f"http://127.0.0.1:{port}/{bucket}"
     deadline = time.monotonic() + timeout
     while True:
@@ -327,8 +327,8 @@ class EmbeddedBroker:
         self._port: int | None = None
         self._proxy_port: int | None = None
         self._s3_port: int | None = None
-        self._broker: _Child | None = None
-        self._s3: _Child | None = None
+        self._broker: ChildProcess | None = None
+        self._s3: ChildProcess | None = None
         self._proxy: TcpProxy | None = None
         self._workdir: Path | None = None
         self._lock = threading.RLock()
@@ -626,7 +626,7 @@ class EmbeddedBroker:
             "--storage-engine",
             storage,
         ]
-        child = _Child("broker", cmd, self._env(), self._workdir / "broker.log")
+        child = ChildProcess("broker", cmd, self._env(), self._workdir / "broker.log")
         self._broker = child
         deadline = time.monotonic() + self.start_timeout
         while not _port_open(self._port):
@@ -651,7 +651,7 @@ class EmbeddedBroker:
         self._wait_metadata(child, deadline)
         log.info("broker up on 127.0.0.1:%s (pid %s)", self._port, child.pid)
 
-    def _wait_metadata(self, child: _Child, deadline: float) -> None:
+    def _wait_metadata(self, child: ChildProcess, deadline: float) -> None:
         # Asked of the broker's own port, so a cut proxy does not block a restart.
         from logsdk._fork import AdminClient
 

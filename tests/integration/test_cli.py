@@ -229,17 +229,23 @@ def test_spool_status_of_a_missing_dir_fails_cleanly(tmp_path: Path) -> None:
     assert "Traceback" in out.stderr
 
 
-def test_broker_command_serves_topics_and_stops_on_sigterm(tmp_path: Path) -> None:
-    """`logsdk broker --topic NAME:N` prints a bootstrap address that serves the topic, and
-    SIGTERM stops it with exit 0."""
-    try:
-        tansu_binary()
-    except Exception as exc:
-        pytest.skip(f"no embedded broker here: {exc}")
+@pytest.mark.parametrize(
+    "kind", ["embedded", pytest.param("apache", marks=pytest.mark.apache_kafka)]
+)
+def test_broker_command_serves_topics_and_stops_on_sigterm(kind: str, tmp_path: Path) -> None:
+    """`logsdk broker [--kind apache] --topic NAME:N` prints a bootstrap address that serves
+    the topic, and SIGTERM stops it with exit 0, leaving no broker process behind."""
+    if kind == "embedded":
+        try:
+            tansu_binary()
+        except Exception as exc:
+            pytest.skip(f"no embedded broker here: {exc}")
+    data = tmp_path / "data"
+    extra = ["--kind", "apache", "--data-dir", str(data)] if kind == "apache" else []
     log = (tmp_path / "broker.err").open("w")
     try:
         with subprocess.Popen(
-            [sys.executable, "-m", "logsdk.cli", "broker", "--topic", "cli-topic:2"],
+            [sys.executable, "-m", "logsdk.cli", "broker", *extra, "--topic", "cli-topic:2"],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
@@ -249,7 +255,7 @@ def test_broker_command_serves_topics_and_stops_on_sigterm(tmp_path: Path) -> No
                 assert proc.stdout is not None
                 with selectors.DefaultSelector() as sel:
                     sel.register(proc.stdout, selectors.EVENT_READ)
-                    assert sel.select(timeout=60), "no bootstrap address within 60 s"
+                    assert sel.select(timeout=120), "no bootstrap address within 120 s"
                 bootstrap = proc.stdout.readline().strip()
                 assert bootstrap.startswith("127.0.0.1:")
                 admin = AdminClient(rdkafka_config({"bootstrap.servers": bootstrap}))
@@ -258,14 +264,48 @@ def test_broker_command_serves_topics_and_stops_on_sigterm(tmp_path: Path) -> No
                 finally:
                     del admin  # freed (no close() to call) before its broker goes
                 assert len(md.partitions) == 2
+                children = _children(proc.pid)
+                assert children, "the broker runs in a child process"
                 proc.send_signal(signal.SIGTERM)
-                assert proc.wait(timeout=30) == 0
+                assert proc.wait(timeout=60) == 0
+                assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []
             finally:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
     finally:
         log.close()
+    if kind == "apache":  # kept where --data-dir said: the node's log and its data
+        assert (data / "node-1" / "server.log").exists()
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children (Linux /proc)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def test_broker_command_refuses_options_of_the_other_kind() -> None:
+    """Options of one broker kind given to the other are a usage error (exit 2), and
+    --fetch-jars prints the jar cache directory of Apache Kafka."""
+    out = cli("broker", "--nodes", "3")
+    assert out.returncode == 2
+    assert "--kind apache" in out.stderr
+    out = cli("broker", "--kind", "apache", "--durable")
+    assert out.returncode == 2
+    assert "--durable" in out.stderr
+
+
+@pytest.mark.apache_kafka
+def test_broker_command_fetch_jars_prints_the_cache() -> None:
+    """`logsdk broker --kind apache --fetch-jars` fills the jar cache (a no-op when full)
+    and prints the directory holding Apache Kafka's jars."""
+    out = cli("broker", "--kind", "apache", "--fetch-jars")
+    assert out.returncode == 0, out.stderr
+    jars = Path(out.stdout.strip())
+    assert any(p.name.startswith("kafka_2.13-") for p in jars.glob("*.jar"))
 
 
 def test_bench_runs_the_checkout_runner_or_says_why_not(tmp_path: Path) -> None:
