@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.logsdk-installed
 
-.PHONY: demo test lint typecheck docs unit bench chaos clean plots
+.PHONY: demo test lint typecheck docs unit bench chaos clean plots jars
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,7 +39,15 @@ docs: $(STAMP)
 # workers time out). The Spark cluster test runs
 # alone: its five JVMs beside other Spark tests made their Python workers time out
 # connecting back ("Python worker failed to connect back"), seen with -n 2.
-test: lint typecheck docs
+# Apache Kafka's jars from Maven Central into the jar cache (logsdk/testing/_jars.py), once:
+# the suite runs its Kafka-facing tests on Apache Kafka too, so Java 17+ and Maven are
+# needed, and their absence stops make test here with a message rather than in the tests.
+jars: $(STAMP)
+	@command -v java >/dev/null 2>&1 || { echo "make test needs a Java 17+ runtime (no java on PATH): Apache Kafka and Spark run in the suite; e.g. apt-get install openjdk-17-jre-headless" >&2; exit 1; }
+	@command -v mvn >/dev/null 2>&1 || { echo "make test needs Maven (no mvn on PATH): it fetches Apache Kafka's jars from Maven Central; e.g. apt-get install maven" >&2; exit 1; }
+	$(VENV)/bin/logsdk broker --kind apache --fetch-jars
+
+test: lint typecheck docs jars
 	@echo "== Python $$($(PY) -c 'import platform; print(platform.python_version())') (.venv): full suite, fault tests apart"
 	timeout -k 30 20m $(VENV)/bin/pytest -n 4 -m "not fault and not spark_cluster" --durations=20
 	timeout -k 30 15m $(VENV)/bin/pytest -n 4 -m fault --durations=20

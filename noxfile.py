@@ -45,15 +45,16 @@ os.environ["PATH"] = os.pathsep.join([*_pyenv_bins(), os.environ.get("PATH", "")
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Unit and integration suites, warnings as errors (pyproject's pytest settings),
-    without the Spark tests, the mock-cluster runs and the benchmark scripts (those run on
-    the main Python: they show another broker or a script, not another Python)."""
+    without the Spark tests, the mock-cluster and Apache Kafka runs and the benchmark
+    scripts (those run on the main Python: they show another broker or a script, not
+    another Python)."""
     session.install("-e", ".[dev]")
     session.run(
         "pytest",
         "-n",
         "4",  # as make test's non-fault stage: the tests wait on brokers more than they compute
         "-m",
-        "not fault and not spark and not mock_cluster",
+        "not fault and not spark and not mock_cluster and not apache_kafka",
         "-p",
         "no:cacheprovider",
         "--durations=15",  # as make test's stages: what a slow session spent its time on
