@@ -29,12 +29,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _brokers import KINDS, Broker, on_broker, start_broker
 from confluent_kafka import Consumer, Producer
 
 from logsdk import LogConsumer, Record
 from logsdk.consumer import TopicPartition
 from logsdk.sinks import SQLiteSink
-from logsdk.testing import EmbeddedBroker, create_topic
+from logsdk.testing import create_topic
 
 PARTITIONS = 4
 BATCH = 500
@@ -61,7 +62,7 @@ def produce(config: dict[str, Any], topic: str, n: int, value_bytes: int) -> Non
         raise RuntimeError("benchmark records not delivered")
 
 
-def consumer_config(broker: EmbeddedBroker) -> dict[str, Any]:
+def consumer_config(broker: Broker) -> dict[str, Any]:
     """Both sides' librdkafka settings. ``fetch.queue.backoff.ms`` is LogConsumer's own
     (librdkafka's default is 1 s): with the default, a raw loop over 1M records stalled
     about a second each time its prefetch buffer filled (211k/s), so rounds had to stay
@@ -73,7 +74,7 @@ def consumer_config(broker: EmbeddedBroker) -> dict[str, Any]:
     }
 
 
-def raw_consume(broker: EmbeddedBroker, topic: str, n: int) -> float:
+def raw_consume(broker: Broker, topic: str, n: int) -> float:
     """Records/s of a plain confluent-kafka consume loop with a final commit."""
     c = Consumer(
         {
@@ -149,7 +150,7 @@ class TimedSink(SQLiteSink):
 
 
 def run_consumer(
-    broker: EmbeddedBroker, topic: str, n: int, handler: Any, clock: Clock, **kw: Any
+    broker: Broker, topic: str, n: int, handler: Any, clock: Clock, **kw: Any
 ) -> float:
     c = LogConsumer(
         group_id=f"lc-{uuid.uuid4().hex}",
@@ -204,12 +205,18 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--broker",
+        choices=KINDS,
+        default="embedded",
+        help="the broker both sides run on (apache: Apache Kafka, one node; figures NAME.apache)",
+    )
     args = ap.parse_args(argv)
     if args.records < 1000 or args.rounds < 1:
         ap.error("--records must be >= 1000 and --rounds >= 1")
     logging.basicConfig(level=logging.ERROR)
     results = []
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+    with start_broker(args.broker) as broker, tempfile.TemporaryDirectory() as tmp:
         for value_bytes in (200, 1024):
             n = args.records if value_bytes == 200 else args.records // 2
             topic = create_topic(
@@ -259,6 +266,7 @@ def main(argv: list[str]) -> int:
                         "params": {**params, "peak_rss_mib": round(peak_rss_mib(), 1)},
                     }
                 )
+    on_broker(results, args.broker)
     for r in results:
         size = r["params"]["value_bytes"]
         ratio, goal = r["ratio"], r["goal"]

@@ -64,10 +64,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from _brokers import KINDS, Broker, on_broker, start_broker
 from confluent_kafka import KafkaError, Message, Producer
 
 from logsdk import LogProducer
-from logsdk.testing import EmbeddedBroker, create_topic, delete_topic, free_port
+from logsdk.testing import create_topic, delete_topic, free_port
 
 PARTITIONS = 4
 SYNC = "NORMAL"
@@ -93,7 +94,7 @@ RAW_PLAIN = "raw confluent-kafka Producer, idempotent, acks=all, on_delivery, no
 
 
 @contextlib.contextmanager
-def _topic(broker: EmbeddedBroker, name: str) -> Iterator[str]:
+def _topic(broker: Broker, name: str) -> Iterator[str]:
     """A topic for one measurement, deleted right after it: the embedded broker keeps
     every record in memory, and one holding a few GB takes CPU the producers on this
     machine need, so each measurement starts from an empty broker."""
@@ -110,7 +111,7 @@ def _values(n: int, size: int) -> list[bytes]:
 
 
 def raw_produce(
-    broker: EmbeddedBroker,
+    broker: Broker,
     topic: str,
     values: list[bytes],
     headers: bool = False,
@@ -197,7 +198,7 @@ def _start(p: LogProducer) -> None:
 
 
 def sdk_produce(
-    broker: EmbeddedBroker, topic: str, values: list[bytes], spool: Path
+    broker: Broker, topic: str, values: list[bytes], spool: Path
 ) -> tuple[Run, list[int]]:
     """Records/s and CPU µs a record of LogProducer.send() until all acknowledged, and
     per-call ns samples."""
@@ -233,7 +234,7 @@ def _rss_mib() -> tuple[float, float]:
 
 
 def sdk_produce_shm(
-    broker: EmbeddedBroker, topic: str, values: list[bytes], spool: Path
+    broker: Broker, topic: str, values: list[bytes], spool: Path
 ) -> tuple[float, float, float]:
     """Records/s of LogProducer(buffer="shm").send() until all acknowledged, and the
     (process RSS, ring resident) MiB measured before close() unmaps the ring."""
@@ -252,9 +253,7 @@ def sdk_produce_shm(
     return len(values) / dt, rss, shmem
 
 
-def run_shm(
-    broker: EmbeddedBroker, records: int, rounds: int, sizes: list[int]
-) -> list[dict[str, Any]]:
+def run_shm(broker: Broker, records: int, rounds: int, sizes: list[int]) -> list[dict[str, Any]]:
     """producer.shm: alternating rounds of LogProducer(buffer="shm") and the raw producer."""
     results: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="logsdk-bench-shm-"))
@@ -356,7 +355,7 @@ def sdk_spill(values: list[bytes], spool: Path) -> float:
     return len(values) / dt
 
 
-def sdk_replay(broker: EmbeddedBroker, topic: str, spool: Path) -> tuple[float, int]:
+def sdk_replay(broker: Broker, topic: str, spool: Path) -> tuple[float, int]:
     """Records/s from opening a producer on a full spool until the spool is empty."""
     t0 = time.perf_counter()
     with LogProducer(broker.bootstrap_servers, topic, spool, **FAST) as p:
@@ -425,15 +424,20 @@ def _replay_results(
 
 
 def run(
-    records: int, rounds: int, sizes: list[int], only: str | None = None
+    records: int,
+    rounds: int,
+    sizes: list[int],
+    only: str | None = None,
+    broker_kind: str = "embedded",
 ) -> list[dict[str, Any]]:
     """Every figure; ``only="replay"``: producer.replay alone (the spill that fills its
-    spool still runs, unrecorded); ``only="shm"``: producer.shm alone."""
+    spool still runs, unrecorded); ``only="shm"``: producer.shm alone; ``broker_kind``:
+    the broker both sides run on (``_brokers.py``)."""
     results: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="logsdk-bench-"))
     try:
         for size in sizes if only != "shm" else []:
-            with EmbeddedBroker() as broker:
+            with start_broker(broker_kind) as broker:
                 values = _values(records, size)
                 params = {"records": records, "value_bytes": size, "rounds": rounds}
                 mem_sdk, mem_raw, mem_hdr, mem_pump, p99s = [], [], [], [], []
@@ -567,14 +571,14 @@ def run(
                 results.extend(_replay_results(size, rep_sdk, rep_hdr, rep_raw, params))
         if only in (None, "shm"):
             for size in sizes:
-                with EmbeddedBroker() as broker:
+                with start_broker(broker_kind) as broker:
                     results.extend(run_shm(broker, records, rounds, [size]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for r in results:
         r["params"]["peak_rss_mib"] = round(rss_mib, 1)
-    return results
+    return on_broker(results, broker_kind)
 
 
 def main(argv: list[str]) -> int:
@@ -584,9 +588,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--sizes", default="200,1024", help="value sizes in bytes, comma list")
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument("--only", choices=["replay", "shm"], help="measure this figure alone")
+    ap.add_argument(
+        "--broker",
+        choices=KINDS,
+        default="embedded",
+        help="the broker both sides run on (apache: Apache Kafka, one node; figures NAME.apache)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    results = run(args.records, args.rounds, [int(s) for s in args.sizes.split(",")], args.only)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    results = run(args.records, args.rounds, sizes, args.only, args.broker)
     for r in results:
         goal = "" if r["goal"] is None else f" (goal {r['goal']})"
         ratio = "" if r["ratio"] is None else f" ratio {r['ratio']:.3f}{goal}"

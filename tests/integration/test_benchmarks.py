@@ -66,6 +66,17 @@ def test_consumer_and_placement_benchmarks_print_their_figures() -> None:
     assert any(r["name"].startswith("placement.kafka.") for r in placement)
 
 
+@pytest.mark.apache_kafka
+def test_producer_and_consumer_benchmarks_run_on_apache_kafka() -> None:
+    """``--broker apache``: both sides on one Apache Kafka node, the figures named
+    ``NAME.apache`` beside the embedded broker's."""
+    args = ("--records", "2000", "--rounds", "1", "--broker", "apache")
+    producer = {r["name"] for r in run_benchmark("producer.py", *args, "--sizes", "200")}
+    assert {"producer.memory.apache", "producer.replay.apache", "producer.shm.apache"} <= producer
+    consumer = {r["name"] for r in run_benchmark("consumer.py", *args)}
+    assert {"consumer.at_least_once.apache", "consumer.exactly_once.apache"} <= consumer
+
+
 def test_handler_benchmark_prints_its_figures() -> None:
     results = run_benchmark("handler.py", "--records", "500", "--rounds", "1")
     assert {r["name"] for r in results} == {
