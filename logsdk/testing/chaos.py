@@ -9,7 +9,10 @@
 - Nemesis, on a schedule drawn from ``--seed``: SIGKILL + restart of the (durable)
   broker, SIGSTOP/SIGCONT of the broker, a network cut through the proxy, SIGKILL +
   restart of a producer (only ones whose buffer survives it: ``shm``) and of a
-  consumer, and a long cut that fills one producer's small spool to its cap.
+  consumer, and a long cut that fills one producer's small spool to its cap. With
+  ``--broker apache`` the broker is Apache Kafka, three nodes (replication factor 3,
+  ``min.insync.replicas=2``), and its faults are the leader of a partition SIGKILLed
+  and restarted, and one node SIGSTOPped and resumed.
 - Checker: every record a producer's ``send()`` accepted (reported by the producer
   as it goes, so a SIGKILL loses no bookkeeping) must be in the sink exactly once,
   except those its own counters say the overflow policy dropped. Ownership checks
@@ -282,9 +285,16 @@ def _shm_available() -> bool:
 
 
 def _nemesis(run: Run, broker: Any, stop: threading.Event) -> None:
+    from logsdk.testing import ApacheKafka
+
     rng = random.Random(run.seed)
     t0 = time.monotonic()
-    kinds = ["broker_kill", "broker_pause", "net_cut", "consumer_kill", "spool_fill"]
+    cluster = isinstance(broker, ApacheKafka)
+    # On Apache Kafka's three nodes, the broker faults are a partition's leader killed
+    # (its leadership moves, it comes back and catches up) and one node paused; on the
+    # embedded broker, the one broker killed or paused.
+    kinds = ["leader_kill", "node_pause"] if cluster else ["broker_kill", "broker_pause"]
+    kinds += ["net_cut", "consumer_kill", "spool_fill"]
     if any(p.killable for p in run.producers):
         kinds.append("producer_kill")
     while not stop.wait(rng.uniform(3.0, 7.0)):
@@ -292,10 +302,20 @@ def _nemesis(run: Run, broker: Any, stop: threading.Event) -> None:
             break  # leave the end of the run quiet, so every fault is healed in it
         kind = rng.choice(kinds)
         at = round(time.monotonic() - t0, 1)
-        run.events.append((at, kind))
-        log.warning("nemesis at %.1fs: %s", at, kind)
         try:
-            if kind == "broker_kill":
+            if kind == "leader_kill":
+                node = broker.leader_of(TOPIC, rng.randrange(PARTITIONS))
+                kind = f"leader_kill(node {node})"
+                broker.kill(node)
+                stop.wait(rng.uniform(1.0, 3.0))
+                _ensure_broker(broker)
+            elif kind == "node_pause":
+                node = rng.choice(broker.node_ids)
+                kind = f"node_pause(node {node})"
+                broker.pause(node)
+                stop.wait(rng.uniform(2.0, 5.0))
+                broker.resume(node)
+            elif kind == "broker_kill":
                 broker.kill()
                 stop.wait(rng.uniform(1.0, 3.0))
                 _ensure_broker(broker)
@@ -327,14 +347,26 @@ def _nemesis(run: Run, broker: Any, stop: threading.Event) -> None:
             with contextlib.suppress(Exception):
                 broker.heal()
             _ensure_broker(broker)
+        run.events.append((at, kind))
+        log.warning("nemesis at %.1fs: %s", at, kind)
         run.check_spools(f"after {kind} at {at}s")
 
 
 def _ensure_broker(broker: Any, attempts: int = 5) -> None:
-    """Make sure the broker runs and answers: a restart can fail on a loaded machine, and
-    a nemesis that stopped there would leave the rest of the run without a broker."""
+    """Make sure the broker (every node of a cluster) runs and answers: a restart can fail
+    on a loaded machine, and a nemesis that stopped there would leave the rest of the run
+    without a broker."""
+    from logsdk.testing import ApacheKafka
+
     for attempt in range(1, attempts + 1):
         try:
+            if isinstance(broker, ApacheKafka):
+                for node in broker.node_ids:
+                    if broker.is_paused(node):
+                        broker.resume(node)
+                    if not broker.is_running(node):
+                        broker.start_node(node)
+                return
             if broker.is_paused:
                 broker.resume()
             if not broker.is_running():
@@ -342,8 +374,9 @@ def _ensure_broker(broker: Any, attempts: int = 5) -> None:
             return
         except Exception as exc:  # BrokerStartError and the like: say so, try again
             log.error("broker restart failed (attempt %d/%d): %s", attempt, attempts, exc)
-            with contextlib.suppress(Exception):
-                broker.kill()
+            if not isinstance(broker, ApacheKafka):
+                with contextlib.suppress(Exception):
+                    broker.kill()
             time.sleep(2.0)
     raise RuntimeError(f"the broker did not come back after {attempts} restarts")
 
@@ -408,11 +441,22 @@ def chaos(
     consumers: int = 2,
     max_in_flight: int = 1,
     seq_block: int = SEQ_BLOCK,
+    broker_kind: str = "embedded",
 ) -> dict[str, Any]:
-    """Run the workload under the nemesis for ``duration`` seconds; return the verdict."""
+    """Run the workload under the nemesis for ``duration`` seconds; return the verdict.
+
+    ``broker_kind``: ``embedded`` (Tansu, durable, behind the proxy) or ``apache`` (Apache
+    Kafka, three nodes behind proxies: replication factor 3, ``min.insync.replicas=2``).
+    """
     from logsdk import _owner
     from logsdk.producer._identity import ENV_SEQ_BLOCK
-    from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
+    from logsdk.testing import (
+        ApacheKafka,
+        EmbeddedBroker,
+        check_delivery,
+        create_topic,
+        read_topic,
+    )
 
     _owner.enable()  # here and in every child (the environment is inherited)
     os.environ[ENV_SEQ_BLOCK] = str(seq_block)
@@ -424,8 +468,14 @@ def chaos(
     db = work / "sink.db"
     me = [sys.executable, "-m", "logsdk.testing.chaos"]
     t_start = time.monotonic()
-    with EmbeddedBroker(durable=True, proxy=True) as broker, _reaped(run):
-        create_topic(broker.bootstrap_servers, TOPIC, PARTITIONS)
+    broker: EmbeddedBroker | ApacheKafka
+    if broker_kind == "apache":
+        broker = ApacheKafka(nodes=3, proxy=True, workdir=work / "kafka")
+    else:
+        broker = EmbeddedBroker(durable=True, proxy=True)
+    with broker, _reaped(run):
+        rf = 3 if broker_kind == "apache" else 1
+        create_topic(broker.bootstrap_servers, TOPIC, PARTITIONS, replication_factor=rf)
         for i in range(producers):
             # p0: memory buffer with a small spool (the one the nemesis fills);
             # the others: shm when available (they survive a SIGKILL), else memory.
@@ -588,6 +638,7 @@ def chaos(
         # Lines "ownership violation: ..." that any process of the run logged (and this one).
         "ownership_violations": violations,
         "seq_block": seq_block,
+        "broker": broker_kind,
         # What `logsdk spool check` found wrong in the producers' spools (after each fault).
         "spool_problems": run.spool_problems,
         "verdict": "ok" if ok else "FAIL",
@@ -800,11 +851,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--max-in-flight",
         type=int,
-        default=1,
+        default=None,
         help=(
-            "producers' max.in.flight.requests.per.connection (default 1: the embedded "
-            "broker does not enforce idempotent sequences across its restarts; 0: "
-            "librdkafka's default of 5, right for Apache Kafka)"
+            "producers' max.in.flight.requests.per.connection (default 1 on the embedded "
+            "broker: it does not enforce idempotent sequences across its restarts; 0, "
+            "librdkafka's default of 5, on Apache Kafka)"
         ),
     )
     ap.add_argument(
@@ -812,6 +863,15 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=SEQ_BLOCK,
         help=f"seqs the producers reserve at a time (default {SEQ_BLOCK}; 2^20 in production)",
+    )
+    ap.add_argument(
+        "--broker",
+        choices=("embedded", "apache"),
+        default="embedded",
+        help=(
+            "embedded: Tansu, durable; apache: Apache Kafka, three nodes (leader kills and "
+            "node pauses instead of broker kills and pauses)"
+        ),
     )
     ap.add_argument("--json", action="store_true", help="last line: one JSON object")
     ap.add_argument("--results", help="merge chaos.* figures into this results.json")
@@ -829,8 +889,11 @@ def main(argv: list[str] | None = None) -> int:
         args.duration,
         args.producers,
         args.consumers,
-        args.max_in_flight,
+        (1 if args.broker == "embedded" else 0)
+        if args.max_in_flight is None
+        else args.max_in_flight,
         args.seq_block,
+        args.broker,
     )
     for k in ("accepted", "in_sink", "missing", "duplicates", "dropped", "max_latency_s"):
         print(f"{k:16} {verdict[k]}")
@@ -868,6 +931,7 @@ def _merge_results(path: Path, v: dict[str, Any]) -> None:
         "duration_s": v["duration_s"],
         "shm": v["shm"],
         "max_in_flight": v.get("max_in_flight"),
+        "broker": v.get("broker", "embedded"),
         "verdict": v["verdict"],
     }
     mine = [
@@ -893,7 +957,11 @@ def _merge_results(path: Path, v: dict[str, Any]) -> None:
     keep = [
         r
         for r in data.get("results", [])
-        if not (r["name"].startswith("chaos.") and r.get("params", {}).get("seed") == v["seed"])
+        if not (
+            r["name"].startswith("chaos.")
+            and r.get("params", {}).get("seed") == v["seed"]
+            and r.get("params", {}).get("broker", "embedded") == params["broker"]
+        )
     ]
     data["results"] = keep + mine
     path.write_text(json.dumps(data, indent=2) + "\n")

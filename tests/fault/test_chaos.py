@@ -21,10 +21,18 @@ from tests.consumer_helpers import produce
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 
-def test_chaos_60s_seed_1_loses_nothing() -> None:
-    """Producers, a consumer group and a nemesis for 60 s: missing 0, duplicates 0."""
+@pytest.mark.parametrize(
+    "broker", ["embedded", pytest.param("apache", marks=pytest.mark.apache_kafka)]
+)
+def test_chaos_60s_seed_1_loses_nothing(broker: str) -> None:
+    """Producers, a consumer group and a nemesis for 60 s: missing 0, duplicates 0. On
+    the embedded broker, the broker killed and paused; on Apache Kafka's three nodes, the
+    leader of a partition killed and a node paused."""
     out = subprocess.run(
-        [sys.executable, "-m", "logsdk.testing.chaos", "--duration", "60", "--seed", "1", "--json"],
+        [
+            *(sys.executable, "-m", "logsdk.testing.chaos", "--duration", "60", "--seed", "1"),
+            *("--broker", broker, "--json"),
+        ],
         capture_output=True,
         text=True,
         timeout=400,
@@ -36,6 +44,8 @@ def test_chaos_60s_seed_1_loses_nothing() -> None:
     why = "\n".join(ln for ln in out.stdout.splitlines()[-14:] if not ln.startswith("{"))
     assert verdict["accepted"] > 10_000
     assert verdict["events"], "the nemesis did nothing"
+    if broker == "apache":
+        assert any("leader_kill" in e or "node_pause" in e for e in verdict["events"]), why
     assert verdict["missing"] == 0, why
     assert verdict["duplicates"] == 0, why
     # Records resent because the broker answered "duplicate sequence" for a batch it never
