@@ -122,6 +122,12 @@ def cluster_properties(nodes: int) -> dict[str, str]:
     }
 
 
+def rack_of(node_id: int) -> str:
+    """The rack of a node: one rack each (``rack-a``, ``rack-b``, ...), so that replica
+    placement across racks (seeds 000 and 004) has racks to spread over."""
+    return f"rack-{chr(ord('a') + (node_id - 1) % 26)}"
+
+
 def _cluster_id() -> str:
     """A cluster id as ``StorageTool random-uuid`` prints it (base64url of 16 random
     bytes, never starting with '-', which a command line would take for an option)."""
@@ -572,6 +578,7 @@ class ApacheKafka:
             ),
             "inter.broker.listener.name": "INTERNAL",
             "controller.listener.names": "CONTROLLER",
+            "broker.rack": rack_of(node.node_id),
             "log.dirs": str(node.home / "data"),
             **self.properties,
         }
