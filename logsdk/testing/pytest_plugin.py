@@ -20,7 +20,7 @@ Fixtures:
 
 A test marked ``each_broker`` runs three times: on the session's broker, on librdkafka's
 mock cluster (``[mock]``) and on Apache Kafka (``[apache]``), each through the ``kafka``
-fixture.
+fixture; one marked ``embedded_and_apache`` runs on the first and the last.
 
 Markers: ``integration``, ``fault``, ``slow``, ``spark``, ``apache_kafka``.
 
@@ -64,6 +64,8 @@ MARKERS = {
     "each_broker": "runs on the session's broker, on librdkafka's mock cluster and on Apache "
     "Kafka (use the 'kafka' fixture)",
     "mock_cluster": "runs on librdkafka's mock cluster (the [mock] run of an each_broker test)",
+    "embedded_and_apache": "runs on the session's broker and on Apache Kafka (use the 'kafka' "
+    "fixture)",
     "apache_kafka": "runs on Apache Kafka itself (needs Java 17+, and Maven for the first fetch "
     "of its jars)",
 }
@@ -209,23 +211,32 @@ def _logsdk_ownership_checked() -> Iterator[None]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("embedded_and_apache") is not None:
+        _parametrize_kafka(
+            metafunc, ["broker", pytest.param("apache", marks=pytest.mark.apache_kafka)]
+        )
+        return
     if metafunc.definition.get_closest_marker("each_broker") is None:
         return
+    _parametrize_kafka(
+        metafunc,
+        [
+            "broker",
+            pytest.param("mock", marks=pytest.mark.mock_cluster),
+            pytest.param("apache", marks=pytest.mark.apache_kafka),
+        ],
+    )
+
+
+def _parametrize_kafka(metafunc: pytest.Metafunc, kinds: list[Any]) -> None:
+    """Run the test once per broker kind in ``kinds``, each through the ``kafka`` fixture."""
     if "kafka_broker" in metafunc.fixturenames and "kafka" not in metafunc.fixturenames:
         raise pytest.UsageError(
-            f"{metafunc.definition.nodeid} is marked each_broker: ask for the 'kafka' "
+            f"{metafunc.definition.nodeid} runs on several broker kinds: ask for the 'kafka' "
             "fixture (the cluster of this run), not 'kafka_broker'"
         )
     if "kafka" in metafunc.fixturenames:
-        metafunc.parametrize(
-            "kafka",
-            [
-                "broker",
-                pytest.param("mock", marks=pytest.mark.mock_cluster),
-                pytest.param("apache", marks=pytest.mark.apache_kafka),
-            ],
-            indirect=True,
-        )
+        metafunc.parametrize("kafka", kinds, indirect=True)
 
 
 @pytest.fixture(scope="session")

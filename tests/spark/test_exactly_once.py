@@ -61,15 +61,16 @@ def run_available_now(df: Any, checkpoint: Path, **sink_options: str) -> Any:
     return query
 
 
+@pytest.mark.embedded_and_apache
 def test_two_available_now_runs_store_each_record_once(
-    spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    spark: Any, kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """20k records, availableNow, 10k more, a second run: exactly 30k rows, offsets continuous."""
     topic = fresh_topic(3)
-    conf = kafka_broker.client_config("producer")
+    conf = kafka.client_config("producer")
     db, ckpt = tmp_path / "sink.db", tmp_path / "ckpt"
     produce(conf, topic, 20_000, partitions=3)
-    df = source(spark, kafka_broker, topic, maxOffsetsPerTrigger="8000")
+    df = source(spark, kafka, topic, maxOffsetsPerTrigger="8000")
     first = run_available_now(df, ckpt, **{"sqlite.path": str(db), "sinkId": "two-runs"})
     assert len(stored_rows(db)) == 20_000
     assert [p["numInputRows"] for p in first.recentProgress if p["numInputRows"]] == [

@@ -40,13 +40,14 @@ def stream_to_memory(df: Any, name: str, checkpoint: Path) -> Any:
     return query
 
 
+@pytest.mark.embedded_and_apache
 def test_batch_read_has_spark_kafka_columns_and_every_record(
-    spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str]
+    spark: Any, kafka: KafkaTarget, fresh_topic: Callable[..., str]
 ) -> None:
     """spark.read: all records, Spark's Kafka schema, headers kept; minPartitions splits ranges."""
     topic = fresh_topic(2)
-    produce(kafka_broker.client_config("producer"), topic, 1000, partitions=2)
-    df = reader(spark, kafka_broker, subscribe=topic, minPartitions="6").load()
+    produce(kafka.client_config("producer"), topic, 1000, partitions=2)
+    df = reader(spark, kafka, subscribe=topic, minPartitions="6").load()
     assert df.columns == [
         "key",
         "value",
@@ -72,14 +73,14 @@ def test_batch_read_has_spark_kafka_columns_and_every_record(
     ]
     # endingOffsets JSON bounds the read.
     part = reader(
-        spark, kafka_broker, subscribe=topic, endingOffsets=f'{{"{topic}": {{"0": 10, "1": -1}}}}'
+        spark, kafka, subscribe=topic, endingOffsets=f'{{"{topic}": {{"0": 10, "1": -1}}}}'
     ).load()
     assert part.count() == 510
     # A partition left out of the JSON is an error, as in Spark's Kafka source (it was
     # read as "earliest": nothing of it, silently).
     with pytest.raises(Exception, match=r"endingOffsets must give an offset .* leaves out"):
         reader(
-            spark, kafka_broker, subscribe=topic, endingOffsets=f'{{"{topic}": {{"0": 10}}}}'
+            spark, kafka, subscribe=topic, endingOffsets=f'{{"{topic}": {{"0": 10}}}}'
         ).load().count()
 
 
@@ -112,18 +113,19 @@ def test_missing_topic_is_a_clear_error(
         stream_to_memory(stream, "missing_topic", tmp_path / "ckpt")
 
 
+@pytest.mark.embedded_and_apache
 def test_offsets_out_of_range_fail_or_skip_with_failondataloss(
-    spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+    spark: Any, kafka: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     """startingOffsets past the end: DataLossError naming partition and offsets; or skipped."""
     topic = fresh_topic(2)
-    produce(kafka_broker.client_config("producer"), topic, 200, partitions=2)
+    produce(kafka.client_config("producer"), topic, 200, partitions=2)
     starting = f'{{"{topic}": {{"0": 5000, "1": 0}}}}'
 
     def stream(**extra: str) -> Any:
         r = (
             spark.readStream.format("logsdk-kafka")
-            .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers)
+            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
             .option("subscribe", topic)
             .option("startingOffsets", starting)
         )
