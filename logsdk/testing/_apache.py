@@ -478,12 +478,20 @@ class ApacheKafka:
         return AdminClient({"bootstrap.servers": internal, "logger": quiet})
 
     def _registered(self, running: list[_Node]) -> set[int]:
+        """The running nodes that answer a metadata request themselves and that the
+        cluster's metadata lists (a node's own answer, so that a stale listing of a node
+        still starting, as a cluster without its quorum gives, does not count)."""
         from confluent_kafka import KafkaException
 
-        try:
-            return {int(b) for b in self._admin(running).list_topics(timeout=2).brokers}
-        except KafkaException as exc:
-            raise BrokerError(str(exc)) from exc
+        seen: set[int] = set()
+        for node in running:
+            try:
+                brokers = self._admin([node]).list_topics(timeout=2).brokers
+            except KafkaException as exc:
+                raise BrokerError(f"node {node.node_id}: {exc}") from exc
+            if node.node_id in brokers:
+                seen.add(node.node_id)
+        return seen
 
     def _prepare(self) -> None:
         """Pick every port, write each node's properties and format its storage."""
