@@ -176,6 +176,8 @@ def _consumer_child(args: argparse.Namespace) -> int:
     from logsdk.sinks import SQLiteSink
 
     lat_path = Path(args.latency)
+    # Assignments, revocations and losses, in the child's log: what a stalled group did.
+    logging.getLogger("logsdk.consumer").setLevel(logging.INFO)
 
     class TimedSink(SQLiteSink):
         """SQLiteSink that also records the worst send-to-store latency it saw."""
@@ -753,9 +755,11 @@ def _explain_missing(
                     kind = "unconfirmed"
                 else:
                     part, off = oks[-1][0], oks[-1][1]
+                    # By the sink's index (topic, partition, offset): one lookup, not a scan.
                     row = conn.execute(
-                        'SELECT producer, seq FROM records WHERE partition=? AND "offset"=?',
-                        (part, off),
+                        "SELECT producer, seq FROM records "
+                        'WHERE topic=? AND partition=? AND "offset"=?',
+                        (TOPIC, part, off),
                     ).fetchone()
                     kind = "acked_empty" if row is None else "acked_taken"
                 kinds[kind] = kinds.get(kind, 0) + 1
