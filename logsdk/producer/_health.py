@@ -11,8 +11,9 @@ Invariants owned here:
 - while ONLINE or RECOVERING, records in flight with no acknowledgement for
   ``stall_timeout_s`` ask for a degrade, and so do two failed probes in a row of the
   live client;
-- every ``_SLOT_SCAN_S`` it looks for slots of ``spool_dir`` that other processes left
-  with records (:mod:`logsdk.producer._process`).
+- at its start and every ``_SLOT_SCAN_S`` it looks for slots of ``spool_dir`` that
+  other processes left with records (:mod:`logsdk.producer._process`: drained only
+  while Kafka answers).
 
 Owner: the health thread, for its own loop's state; :meth:`Health.hurry` and
 ``close_deadline`` are for flush()/close() (any thread), under ``_lock``.
@@ -93,7 +94,7 @@ class Health:
         backoff = _BACKOFF_START_S
         next_probe = time.monotonic()
         epoch = -1  # the degrade whose probes ``good`` counts
-        next_scan = time.monotonic() + _SLOT_SCAN_S
+        next_scan = time.monotonic()  # at once: the constructor starts no drain
         while not self._stop.is_set():
             state = pump.state
             now = time.monotonic()

@@ -10,6 +10,11 @@ Invariants owned here:
   records (its process died, was recycled, or closed before Kafka took everything) is
   delivered by a drain producer on that slot, under the slot's own producer id and seqs,
   and flush()/close() of the producer that started it wait for it;
+- drains exist only while Kafka answers the producer that runs them: none is started
+  while it does not, and the health thread's next look closes those under way (their
+  records stay in their slots, free for the next process to take or drain), so a
+  long-lived process holds no more drains, slots, clients and threads through an outage
+  than it did before it;
 - a producer an adapter owns is closed when its process leaves, at interpreter exit and
   at the end of a multiprocessing or billiard (Celery) child, which leaves through
   ``os._exit`` after running its ``Finalize`` callbacks only; one the application left
@@ -172,10 +177,11 @@ def close_at_exit(producer: LogProducer, timeout: float) -> None:
 
 class Drains:
     """The producers delivering what free slots of ``spool_dir`` hold (see the module
-    docstring), for one producer.
+    docstring), for one producer, and what free slots hold that waits for Kafka.
 
-    Owner: ``_lock``, taken by whoever scans or closes them (the health thread, flush(),
-    close()); ``drains`` is replaced, never changed in place, so any thread may read it.
+    Owner: ``_lock``, taken by whoever looks at the slots or closes the drains (the
+    producer's constructor, the health thread, flush(), close()); what they publish
+    (``_pub``) is replaced whole, never changed in place, so any thread may read it.
     """
 
     def __init__(
@@ -196,44 +202,85 @@ class Drains:
         self._stop = stop
         self._enabled = enabled  # a drain drains no other slot
         self._lock = threading.Lock()
-        #: The drains under way, and what the finished ones had acknowledged and set aside
-        #: (published: replaced whole, the three together).
-        self._pub: tuple[list[LogProducer], int, int] = ([], 0, 0)
+        #: The drains under way, what the finished ones had acknowledged and set aside, and
+        #: the records of free slots left alone at the last look because Kafka did not
+        #: answer (published: replaced whole, the four together).
+        self._pub: tuple[list[LogProducer], int, int, int] = ([], 0, 0, 0)
 
     @property
     def drains(self) -> list[LogProducer]:
         """The drains under way (any thread)."""
         return self._pub[0]
 
+    @property
+    def waiting(self) -> int:
+        """Records of free slots no drain delivers yet, because Kafka did not answer at the
+        last look (any thread)."""
+        return self._pub[3]
+
     def counts(self) -> tuple[int, int]:
         """Records the drains got acknowledged, and set aside as refused by Kafka: the
         finished ones and those under way (any thread; never less than a moment ago)."""
-        drains, acked, rejected = self._pub
+        drains, acked, rejected, _ = self._pub
         for d in drains:
             a, r = d._delivered_counts()
             acked, rejected = acked + a, rejected + r
         return acked, rejected
 
-    def scan(self, closing_by: float | None = None) -> None:
-        """Close the drains that are done; start one for each free slot with records.
+    def look(self) -> None:
+        """The constructor: count what free slots hold (``waiting``), starting no drain
+        (whether Kafka answers is not known yet, and finding out would take a probe on the
+        application's thread: the health thread's first scan, at its start, does)."""
+        if not self._enabled:
+            return
+        with self._lock:
+            if resolver_ready():
+                self._publish(waiting=sum(n for _, _, n in self._orphans_with_records()))
 
-        A drain started here lives on (it delivers once Kafka answers), except one started
-        by close() (``closing_by``: its deadline), which is closed by then: close() starts
-        them only where Kafka answers, so that a close() with Kafka down does not open
-        and close every free slot again (each a spool, a client and threads) for nothing."""
+    def scan(self, deadline: float | None = None, *, closing: bool = False) -> None:
+        """Close the drains that are done; where Kafka answers, start one for each free
+        slot with records; where it does not, leave those slots alone (``waiting``), and
+        the health thread's scan (neither a deadline nor closing) stops the drains under
+        way too, their records left in their slots.
+
+        Kafka answers when it did since this producer's last degrade, or a probe made now
+        says so (within ``deadline``; ``None``: the probe's own timeout). A drain started
+        here lives on until its slot is empty, except one started by close()
+        (``closing``), which closes it by ``deadline``. No drain while Kafka does not
+        answer: a drain holds its slot, a client and threads, and the processes that start
+        meanwhile open new slots beside the ones drained (a parent forking short-lived
+        workers through an outage gathered a drain, a slot and their threads at every
+        scan). A free slot left alone is taken by the next process to start, or drained at
+        a later look."""
         if not self._enabled:
             return
         with self._lock:
             self._collect()
             if not resolver_ready():
-                return  # a drain could not deliver from this process; a later producer will
+                # A drain could not deliver from this process; a later producer will.
+                self._publish(waiting=0)
+                return
             found = self._orphans_with_records()
-            if found and (closing_by is None or self._kafka_answers(closing_by)):
-                self._start(found)
+            if not found and not self.drains:
+                self._publish(waiting=0)
+                return
+            periodic = deadline is None and not closing
+            if deadline is None:
+                deadline = time.monotonic() + self._config.probe_timeout_s
+            if self._kafka_answers(deadline):
+                self._start([(index, path) for index, path, _ in found])
+                self._publish(waiting=0)
+                return
+            if periodic and self.drains:
+                self._let_go(self.drains)
+                found = self._orphans_with_records()
+            self._publish(waiting=sum(n for _, _, n in found))
 
     def undelivered(self) -> int:
-        """Records the drains have not delivered yet (any thread)."""
-        return sum(d._undelivered() for d in self.drains)
+        """Records of free slots not delivered yet: the drains' and those waiting for
+        Kafka (any thread)."""
+        drains, _, _, waiting = self._pub
+        return waiting + sum(d._undelivered() for d in drains)
 
     def hurry(self, delta: int) -> None:
         """flush()/close() wait: the drains' health threads probe without backoff."""
@@ -249,9 +296,26 @@ class Drains:
     def forget(self) -> list[LogProducer]:
         """A forked child: the drains are the parent's. Returns them (to be buried)."""
         drains = self._pub[0]
-        self._pub = ([], 0, 0)
+        self._pub = ([], 0, 0, 0)
         self._lock = threading.Lock()  # the parent's may have been held at the fork
         return drains
+
+    def _publish(
+        self,
+        drains: list[LogProducer] | None = None,
+        *,
+        delivered: tuple[int, int] = (0, 0),
+        waiting: int | None = None,
+    ) -> None:
+        """Replace what is published: ``drains`` (None: as they are), ``delivered`` added to
+        the finished drains' counts, ``waiting`` (None: as it is). Caller holds ``_lock``."""
+        old, acked, rejected, was = self._pub
+        self._pub = (
+            old if drains is None else drains,
+            acked + delivered[0],
+            rejected + delivered[1],
+            was if waiting is None else waiting,
+        )
 
     def _kafka_answers(self, deadline: float) -> bool:
         """True when Kafka answered this producer since its last degrade (an acknowledgement,
@@ -266,14 +330,16 @@ class Drains:
             return False
         return _client.probe(self._config.probe_config(), self._config.topic, timeout, self._stop)
 
-    def _orphans_with_records(self) -> list[tuple[int, Path]]:
-        """The free slots of ``spool_dir`` (other than this producer's) that hold records."""
+    def _orphans_with_records(self) -> list[tuple[int, Path, int]]:
+        """The free slots of ``spool_dir`` (other than this producer's) that hold records,
+        with how many."""
         cfg = self._config
         out = []
         for index in orphans(cfg.spool_dir, self._slot):
             path = slot_path(cfg.spool_dir, index)
-            if self._holds_records(index, path):
-                out.append((index, path))
+            n = self._records_in(index, path)
+            if n:
+                out.append((index, path, n))
         return out
 
     def _start(self, found: list[tuple[int, Path]]) -> None:
@@ -299,27 +365,31 @@ class Drains:
                 path,
                 drain._undelivered(),
             )
-            drains, acked, rejected = self._pub
-            self._pub = ([*drains, drain], acked, rejected)
+            self._publish([*self.drains, drain])
 
-    def _holds_records(self, index: int, path: Path) -> bool:
-        if spooled_records(path) > 0:
-            return True
+    def _records_in(self, index: int, path: Path) -> int:
+        """The records the slot's spool holds, and its shm ring (``buffer="shm"``)."""
+        n = spooled_records(path)
         if self._config.buffer != "shm":
-            return False
+            return n
         try:
             seg = segment_name(slot_shm_name(self._config.shm_name, index), path)
-            return inspect(seg).pending > 0
+            return n + inspect(seg).pending
         except LogSDKError:
-            return False  # no segment (or not readable): nothing to resend from it
+            return n  # no segment (or not readable): nothing to resend from it
 
     def _collect(self) -> None:
         """Close the drains that delivered everything."""
-        drains, acked, rejected = self._pub
-        done = [d for d in drains if d._undelivered() == 0]
-        if done:
-            for d in done:
-                d.close(0)
-                a, r = d._delivered_counts()
-                acked, rejected = acked + a, rejected + r
-            self._pub = ([d for d in drains if d not in done], acked, rejected)
+        self._let_go([d for d in self.drains if d._undelivered() == 0])
+
+    def _let_go(self, done: list[LogProducer]) -> None:
+        """Close the drains ``done`` at once (what they still hold stays in their slots),
+        keeping what they delivered in the counts. Caller holds ``_lock``."""
+        if not done:
+            return
+        acked = rejected = 0
+        for d in done:
+            d.close(0)
+            a, r = d._delivered_counts()
+            acked, rejected = acked + a, rejected + r
+        self._publish([d for d in self.drains if d not in done], delivered=(acked, rejected))

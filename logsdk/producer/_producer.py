@@ -282,7 +282,7 @@ class LogProducer:
             # thread resolving a name at the fork (see logsdk._resolver).
             pump.state = State.ONLINE
         self._cold = True
-        self._drains.scan()
+        self._drains.look()
         # From here on the spool (its connection, its files) and the pump's state are the
         # pump's alone; close() takes them back once the pump has ended.
         pump.start()
@@ -495,7 +495,6 @@ class LogProducer:
         if self._stale:
             return 0  # a forked child that has sent nothing: the parent's records are its own
         deadline = time.monotonic() + (60.0 if timeout is None else max(0.0, timeout))
-        self._drains.scan()
         return self._wait_until_delivered(deadline)
 
     def flush_durable(self, timeout: float | None = None) -> int:
@@ -539,15 +538,28 @@ class LogProducer:
     def _hurry(self, delta: int) -> None:
         self._health.hurry(delta)
 
-    def _wait_until_delivered(self, deadline: float) -> int:
-        """flush() and close(): wait until nothing is left to deliver, or the deadline."""
+    def _wait_until_delivered(self, deadline: float, *, closing: bool = False) -> int:
+        """flush() and close(): wait until nothing is left to deliver, or the deadline.
+
+        What free slots of spool_dir hold is delivered too, where Kafka answers
+        (:meth:`Drains.scan <logsdk.producer._process.Drains.scan>`); slots left alone
+        because it did not at first (this producer was degraded) are looked at again once
+        it does."""
         self._wake.set()
         hurried = [self, *self._drains.drains]
         for p in hurried:
             p._hurry(+1)  # their health threads probe without backoff meanwhile
         try:
-            with self._done:
-                while True:
+            drains = self._drains
+            drains.scan(deadline, closing=closing)
+            while True:
+                if (
+                    drains.waiting
+                    and self._flight.answered
+                    and self._pump.state is not State.DEGRADED
+                ):
+                    drains.scan(deadline, closing=closing)
+                with self._done:
                     left = self._undelivered()
                     if (
                         left == 0
@@ -609,8 +621,7 @@ class LogProducer:
             self._health.close_deadline = deadline
             # Slots other processes left (a pool's children that closed before Kafka took
             # everything) are delivered too, within the same timeout, if Kafka answers.
-            self._drains.scan(closing_by=deadline)
-            self._wait_until_delivered(deadline)
+            self._wait_until_delivered(deadline, closing=True)
             self._pump.stop()
             self._wake.set()
             self._health.wake.set()
@@ -695,8 +706,9 @@ class LogProducer:
 
         ``slot``: the slot of ``spool_dir`` this producer holds (one per live process);
         ``draining_slots``: slots left by other processes it is delivering;
-        ``undelivered``: records not yet in Kafka, those slots' included (what
-        :meth:`flush` waits for).
+        ``undelivered``: records not yet in Kafka, what free slots hold included (those
+        it delivers, and those it leaves alone while Kafka does not answer, as counted at
+        its last look): what :meth:`flush` waits for.
         """
         if self._stale:  # first use in a forked child
             self._restart_in_child()

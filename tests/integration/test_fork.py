@@ -19,6 +19,7 @@ from logsdk import LogConsumer, LogProducer
 from logsdk.spool import Spool
 from logsdk.testing import check_delivery, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -158,8 +159,9 @@ def test_a_free_slot_with_leftovers_is_delivered_by_the_next_producer(
     tmp_path: Path,
 ) -> None:
     """Slot 2 holds records of a process that is gone (under the slot's own producer id):
-    the next producer on spool_dir takes slot 0 and its flush() delivers slot 2's records
-    too, under their own producer id and seqs; the slot is empty afterwards."""
+    the next producer on spool_dir takes slot 0, its health thread's first look (Kafka
+    answers) starts a drain of slot 2, and its flush() delivers slot 2's records too,
+    under their own producer id and seqs; the slot is empty afterwards."""
     topic = fresh_topic(1)
     leftover = Spool(tmp_path / "slots" / "2").open()
     orphan_id = leftover.producer_id
@@ -167,7 +169,7 @@ def test_a_free_slot_with_leftovers_is_delivered_by_the_next_producer(
     leftover.close()
     p = make_producer(kafka_broker.bootstrap_servers, topic, tmp_path)
     assert p.stats()["slot"] == 0
-    assert p.stats()["draining_slots"] == 1
+    wait_until(lambda: p.stats()["draining_slots"] == 1, 30, "a drain of slot 2")
     p.send(b"own")
     assert p.flush(30) == 0
     p.close()
@@ -212,7 +214,7 @@ def test_slots_under_a_path_with_uri_characters_are_drained_once(
 
     p = make_producer(kafka_broker.bootstrap_servers, topic, root)
     assert p.stats()["slot"] == 0
-    assert p.stats()["draining_slots"] == 1
+    wait_until(lambda: p.stats()["draining_slots"] == 1, 30, "a drain of slot 1")
     assert p.flush(30) == 0
     assert p.stats()["drained"] == 30  # the drain's acknowledgements, counted by p
     assert p.flush(30) == 0  # its look at the slots closes the finished drain, starts none
