@@ -8,12 +8,21 @@ Invariants:
   stored offset was already written by another owner, so it is refused (FencedError)
   and rolled back. Offsets may have holes (transaction markers, compaction), so a
   batch may start above the stored offset, never below it.
+- A forked child never uses, closes or frees what it inherited from the parent (its
+  connections, which SQLite forbids using across ``fork()``, and its locks, which a thread
+  of the parent may have held at the fork): the sink starts afresh there, as a pickled
+  copy does, and opens connections of its own.
+- A write transaction runs inside the fork gate (:data:`logsdk._sqlite.GATE`) from its
+  BEGIN to its COMMIT or ROLLBACK, so no fork falls inside one: SQLite keeps the locks of
+  a process's connections in that process's memory, and a child that inherited a write
+  lock held by the parent's connection would find the database locked for good.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import weakref
 from collections.abc import Sequence
 from itertools import chain
 from pathlib import Path
@@ -22,7 +31,9 @@ from typing import Any
 
 import sqlite_utils
 
+from logsdk import _fork
 from logsdk._owner import Owner
+from logsdk._sqlite import GATE
 from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
 from logsdk.consumer._records import Record, RecordBatch, TopicPartition, columns_of
@@ -98,6 +109,7 @@ class SQLiteSink:
         self.busy_timeout = float(busy_timeout)
         self._init_local()
         self._create_schema()
+        _LIVE.add(self)
 
     def _init_local(self) -> None:
         self._local = _ThreadState()
@@ -129,6 +141,13 @@ class SQLiteSink:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._init_local()
+        _LIVE.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child (one thread runs): the parent's connections and locks are
+        kept, never used, closed or freed here; the sink starts afresh."""
+        _fork.bury((self._conns, self._local, self._conns_lock, self._write_lock))
         self._init_local()
 
     def _connect(self) -> sqlite3.Connection:
@@ -206,7 +225,7 @@ class SQLiteSink:
         conn = self._connect()
         with self._write_lock:
             rows, first = self._rows(staged)
-            self._commit(conn, offsets, rows, first)
+            GATE.run(self._commit, conn, offsets, rows, first)  # see the module docstring
 
     def _rows(
         self, staged: list[Sequence[Record]]
@@ -441,3 +460,15 @@ class SQLiteSink:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+#: Every sink alive in this process (a forked child starts each afresh: ``_forked``).
+_LIVE: weakref.WeakSet[SQLiteSink] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for sink in list(_LIVE):
+        sink._forked()
+
+
+_fork.at_fork_in_child(_after_fork_in_child)

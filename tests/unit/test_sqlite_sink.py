@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from logsdk.consumer import Record
 from logsdk.errors import ConfigError, FencedError
 from logsdk.sinks import SQLiteSink
 from logsdk.sinks import _sqlite as sink_module
+from tests.conftest import wait_until
 
 TP = ("logs", 0)
 
@@ -253,3 +257,78 @@ def test_a_seq_header_beyond_int64_or_not_a_number_is_stored_without_dedupe(
         sink.process(records)
         sink.commit({})
         assert sink.count() == 6
+
+
+#: Children forked while the parent's threads commit, and how long they all have to
+#: commit a batch of their own and leave.
+FORKS = 20
+CHILDREN_TIMEOUT_S = 30.0
+
+
+def _exit_codes(pids: list[int], timeout: float) -> list[int | None]:
+    """Each child's exit code; None for one still running after ``timeout`` s (killed)."""
+    codes: dict[int, int | None] = {}
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    for pid in pids:
+        if pid not in codes:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            codes[pid] = None
+    return [codes[pid] for pid in pids]
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_child_forked_while_threads_commit_writes_through_a_connection_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """Two threads commit batches while the main thread forks: each child's own commit
+    returns and lands (the write lock a parent thread held at the fork, and the parent's
+    connections, are never the child's), and the parent's commits go on."""
+    sink = SQLiteSink(tmp_path / "s.db")
+    stop = threading.Event()
+    committed = [0, 0]
+
+    def writer(partition: int) -> None:
+        while not stop.is_set():
+            o = committed[partition]
+            sink.process(recs(range(o, o + 20), partition))
+            sink.commit({("logs", partition): o + 20})
+            committed[partition] = o + 20
+
+    def commits_go_on() -> None:
+        n = sum(committed)
+        wait_until(lambda: sum(committed) > n, 10, "the threads' commits", 0.001)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in (0, 1)]
+    for t in threads:
+        t.start()
+    pids: list[int] = []
+    try:
+        for i in range(FORKS):
+            commits_go_on()  # each fork falls while the threads commit
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    tp = ("logs", 100 + i)
+                    sink.process(recs(range(3), 100 + i))
+                    sink.commit({tp: 3})
+                    code = 0 if sink.stored_offsets([tp]) == {tp: 3} else 3
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        codes = _exit_codes(pids, CHILDREN_TIMEOUT_S)
+    assert codes == [0] * FORKS, f"{codes.count(None)} of {FORKS} children hung: {codes}"
+    assert sink.count() == sum(committed) + 3 * FORKS
+    sink.close()
