@@ -1,4 +1,12 @@
-"""``LogConsumer``: the facade that validates settings and wires fetch thread, queue, workers."""
+"""``LogConsumer``: the facade that validates settings and wires fetch thread, queue, workers.
+
+Fork: a forked child gives every consumer it inherited locks, events and counters of its
+own (a thread of the parent may have held one at the fork). One started in the parent is
+the parent's: its threads did not follow the fork and its clients are kept, never used,
+by :mod:`logsdk._fork`; in the child it is stopped (``stop()`` returns at once,
+``stats()`` gives the counts at the fork, ``start()`` refuses). One never started starts
+in the child as a new consumer.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +15,12 @@ import logging
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
+from logsdk import _fork
 from logsdk._resolver import resolver_ready
 from logsdk._types import ClientConfig
 from logsdk.consumer._fetcher import Fetcher, FetchSettings
@@ -242,6 +252,7 @@ class LogConsumer:
         self._dispatcher: Dispatcher | None = None
         self._offsets: OffsetMap | None = None
         self._dlt: DeadLetterProducer | None = None
+        _LIVE.add(self)
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -446,6 +457,26 @@ class LogConsumer:
     ) -> None:
         self.stop()
 
+    # -- fork ---------------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        """In a forked child (one thread runs): see the module docstring."""
+        self._life = threading.Lock()
+        self._lock = threading.Lock()
+        self._counters = self._counters.copied_in_child()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        if self._state == "new":
+            return
+        # Started in the parent: what it runs on is the parent's, kept and never used here.
+        parts = (self._fetcher, self._pool, self._runner, self._dispatcher, self._offsets)
+        _fork.bury((*parts, self._dlt))
+        self._fetcher = self._pool = self._runner = self._dispatcher = None
+        self._offsets = self._dlt = None
+        self._state = "stopped"
+        self._stopping.set()
+        self._stopped.set()
+
     # -- observability ------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -522,3 +553,15 @@ class LogConsumer:
             if known:
                 out["lag"], out["committable_lag"] = lag, committable
         return out
+
+
+#: Every consumer alive (a forked child gives each the state of its own: ``_forked``).
+_LIVE: weakref.WeakSet[LogConsumer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for consumer in list(_LIVE):
+        consumer._forked()
+
+
+_fork.at_fork_in_child(_after_fork_in_child)

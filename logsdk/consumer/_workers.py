@@ -56,6 +56,14 @@ class Counters:
         with self._lock:
             return dict(self.values)
 
+    def copied_in_child(self) -> Counters:
+        """In a forked child (one thread runs, so the values are read without the lock,
+        which a thread of the parent may have held at the fork): a copy with a lock of
+        its own."""
+        copy = Counters()
+        copy.values.update(self.values)
+        return copy
+
 
 class Batch:
     """Records a worker took, with what to release and complete when it is done."""
