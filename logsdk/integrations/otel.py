@@ -27,6 +27,19 @@ counted in :attr:`KafkaLogExporter.failed`. ``force_flush()`` waits until what w
 exported is durable (in Kafka or the spool); ``shutdown()`` closes a producer the exporter
 owns, delivering what Kafka takes within ``close_timeout``.
 
+At exit nothing is lost, whatever the order the app set things up in. Exit hooks run
+last-registered first, and which of OTel's (a ``LoggerProvider``'s ``shutdown_on_exit``)
+and logsdk's (registered when the exporter's producer is made) runs first depends on
+which was made first, which no library can choose after the fact. So neither order is
+relied on: logsdk's hook first has the global ``LoggerProvider`` (``set_logger_provider``)
+export what its processors hold, then closes the exporter's producer; an export that
+comes after that (OTel's own shutdown flushing a provider made before the exporter, or
+any later exit hook that logs) gets a producer made again on the same ``spool_dir``, and
+returns once its records are durable (in Kafka or the spool); the exporter's
+``shutdown()`` closes that producer, delivering within ``close_timeout``. A provider that
+is neither global nor shut down at exit (``shutdown_on_exit=False``) exports nothing of
+what its ``BatchLogRecordProcessor`` holds: call its ``shutdown()`` before leaving.
+
 Reading them back: :func:`decode_otlp` (a LogConsumer's handler), or
 ``spark_sink.logs.parse_otlp`` in Spark.
 
@@ -42,6 +55,7 @@ import dataclasses
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,10 +67,11 @@ from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportRes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from logsdk.errors import ConfigError, LogSDKError
+from logsdk.errors import ConfigError, LogSDKError, ProducerClosedError
 from logsdk.integrations._sender import utf8
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
+from logsdk.producer._process import leaving
 
 log = logging.getLogger("logsdk.integrations.otel")
 
@@ -233,6 +248,24 @@ def decode_otlp(value: bytes, encoding: str = "otlp_proto") -> list[dict[str, An
     return out
 
 
+#: The exporters made in this process (see ``_flush_at_exit``).
+_EXPORTERS: weakref.WeakSet[KafkaLogExporter] = weakref.WeakSet()
+
+
+def _flush_at_exit() -> None:
+    """Run by logsdk's exit hook before it closes any producer: the global
+    ``LoggerProvider``, when it is the SDK's, exports what its processors hold (one made
+    with ``shutdown_on_exit=False`` is flushed by nothing else)."""
+    live = [e for e in list(_EXPORTERS) if not e._shutdown.is_set()]
+    if not live:
+        return
+    from opentelemetry._logs import get_logger_provider
+
+    flush = getattr(get_logger_provider(), "force_flush", None)
+    if callable(flush):
+        flush(int(max(e.close_timeout for e in live) * 1000))
+
+
 class KafkaLogExporter(LogRecordExporter):
     """An OTel ``LogRecordExporter`` writing OTLP to Kafka through a LogProducer.
 
@@ -247,7 +280,9 @@ class KafkaLogExporter(LogRecordExporter):
 
     Threads: ``export()`` runs on the batch processor's thread (with
     ``SimpleLogRecordProcessor``, on the thread that emitted); :attr:`exported`,
-    :attr:`records` and :attr:`failed` are written there only (read anywhere).
+    :attr:`records` and :attr:`failed` are written there only (read anywhere), and so is
+    :attr:`producer` once logsdk's exit hook closed an owned one (see the module
+    docstring).
     """
 
     def __init__(
@@ -277,6 +312,7 @@ class KafkaLogExporter(LogRecordExporter):
                 producer_kwargs.setdefault("topic", topic)
             self.producer = LogProducer(**producer_kwargs)
             self._owned = True
+            self._producer_kwargs = producer_kwargs  # to make it again after the exit hook
             # An app that simply exits still delivers (as the logging adapters): the
             # producer is closed at interpreter exit and at a multiprocessing child's end.
             self.producer._close_at_exit(self.close_timeout)
@@ -300,6 +336,8 @@ class KafkaLogExporter(LogRecordExporter):
         self.records = 0
         self.failed = 0
         self._shutdown = threading.Event()
+        self._after_exit_hook = False  # self.producer was made after logsdk's exit hook
+        _EXPORTERS.add(self)
 
     def _encode(
         self, batch: Sequence[ReadableLogRecord]
@@ -372,7 +410,7 @@ class KafkaLogExporter(LogRecordExporter):
             )
         for payload, n in parts:
             try:
-                self.producer.send(payload, topic=self.topic)
+                self._send(payload)
             except LogSDKError as exc:
                 ok = False
                 self.failed += n
@@ -380,7 +418,23 @@ class KafkaLogExporter(LogRecordExporter):
                 continue
             self.exported += n
             self.records += 1
+        if self._after_exit_hook:  # no exit hook of logsdk's is left to close it
+            self.producer.flush_durable(self.close_timeout)
         return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+
+    def _send(self, payload: bytes) -> None:
+        """Hand one payload to the producer; an owned producer that logsdk's exit hook has
+        closed is made again first (see the module docstring)."""
+        try:
+            self.producer.send(payload, topic=self.topic)
+        except ProducerClosedError:
+            if not (self._owned and leaving()):
+                raise
+            self.producer = LogProducer(**self._producer_kwargs)
+            self.producer._close_at_exit(self.close_timeout)
+            self._after_exit_hook = True
+            log.debug("export after logsdk's exit hook: producer made again on its spool_dir")
+            self.producer.send(payload, topic=self.topic)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """True once every exported record is in Kafka or in the spool (durable)."""

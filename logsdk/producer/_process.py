@@ -19,7 +19,12 @@ Invariants owned here:
   at the end of a multiprocessing or billiard (Celery) child, which leaves through
   ``os._exit`` after running its ``Finalize`` callbacks only; one the application left
   open is closed then too (within ``OPEN_AT_EXIT_TIMEOUT_S``, with a warning): a record
-  send() accepted is never dropped with the process's memory.
+  send() accepted is never dropped with the process's memory;
+- the exit hook runs wherever Python puts it among other exit hooks (last-registered
+  first: no library chooses that order), so it relies on none: it first has what the
+  adapters' hand-overs and OpenTelemetry's global provider hold given to their producers,
+  and what another exit hook sends after it is the sender's to deliver (``leaving``: an
+  OpenTelemetry exporter makes its producer again, logsdk.integrations.otel).
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ _AT_EXIT: weakref.WeakKeyDictionary[LogProducer, float] = weakref.WeakKeyDiction
 #: child inherits it).
 _pool_hooked: dict[str, int] = {}
 _atexit_hooked = False
+#: The pid of the process whose exit hook has begun (see ``leaving``).
+_leaving_in: int | None = None
 
 
 class _Rehook:
@@ -82,7 +89,22 @@ def _after_fork_in_child() -> None:
 at_fork_in_child(_after_fork_in_child)
 
 
+def leaving() -> bool:
+    """True once this process's exit hook (:func:`_close_all_at_exit`) has begun: what is
+    sent from then on is sent after logsdk closed its producers (another exit hook's)."""
+    return _leaving_in == os.getpid()
+
+
 def _close_all_at_exit() -> None:
+    global _leaving_in
+    _leaving_in = os.getpid()
+    # What OpenTelemetry's global provider still holds goes to its exporters first.
+    otel = sys.modules.get("logsdk.integrations.otel")
+    if otel is not None:
+        try:
+            otel._flush_at_exit()
+        except Exception:
+            log.exception("logsdk: flushing OpenTelemetry's logs at exit failed")
     # What adapters handed to a thread of theirs goes to its producer first.
     handoff = sys.modules.get("logsdk.integrations._handoff")
     if handoff is not None:
@@ -96,8 +118,13 @@ def _close_all_at_exit() -> None:
         except Exception:  # the others are closed all the same
             log.exception("logsdk: closing a producer at exit failed")
     # Producers the application made and left open: their records in memory would be
-    # lost with the process. Closed within one shared budget, and said so.
-    left = [p for p in list(_LIVE) if p._drain_at is None and not p._closed.is_set()]
+    # lost with the process. Closed within one shared budget, and said so. (One put in
+    # _AT_EXIT meanwhile, by another thread, has an owner that closes it.)
+    left = [
+        p
+        for p in list(_LIVE)
+        if p._drain_at is None and not p._closed.is_set() and p not in _AT_EXIT
+    ]
     if not left:
         return
     deadline = time.monotonic() + OPEN_AT_EXIT_TIMEOUT_S
