@@ -17,6 +17,8 @@ failure naming both threads in tests.
 
 The switch is read once, at import, from the environment (so that child processes started
 by a test inherit it); :func:`enable` turns it on in this process and its children later.
+A forked child gets a lock of its own for the list of violations (a thread of the parent
+may have held the parent's at the fork).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import threading
 import traceback
 
+from logsdk import _fork
 from logsdk.errors import OwnershipError
 
 __all__ = ["ENV", "Owner", "checking", "enable", "violations"]
@@ -38,6 +41,14 @@ log = logging.getLogger("logsdk.owner")
 _checking = os.environ.get(ENV, "") not in ("", "0")
 _violations: list[str] = []
 _violations_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _violations_lock
+    _violations_lock = threading.Lock()
+
+
+_fork.at_fork_in_child(_after_fork_in_child)
 
 
 def checking() -> bool:

@@ -52,6 +52,27 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str, step: float 
         time.sleep(step)
 
 
+def exit_codes(pids: list[int], timeout: float) -> list[int | None]:
+    """Wait for forked children: each one's exit code, None for one still running after
+    ``timeout`` seconds in all (then killed), so that a child that hangs fails the test
+    instead of hanging it."""
+    codes: dict[int, int | None] = {}
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(pids) and time.monotonic() < deadline:
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    for pid in pids:
+        if pid not in codes:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            codes[pid] = None
+    return [codes[pid] for pid in pids]
+
+
 class InterruptAfterProduce:
     """A producer client whose ``produce()`` hands the record to the real client, then
     raises KeyboardInterrupt: what a signal handler's exception does when it surfaces as

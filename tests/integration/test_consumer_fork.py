@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 
@@ -11,6 +10,7 @@ import pytest
 
 from logsdk import LogConsumer, Record
 from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import exit_codes
 from tests.consumer_helpers import produce, wait_until
 
 pytestmark = [
@@ -22,25 +22,6 @@ pytestmark = [
 #: their copy, read its stats and leave (a healthy child needs a few milliseconds).
 FORKS = 20
 CHILDREN_TIMEOUT_S = 20.0
-
-
-def _exit_codes(pids: list[int], timeout: float) -> list[int | None]:
-    """Each child's exit code; None for one still running after ``timeout`` s (killed)."""
-    codes: dict[int, int | None] = {}
-    deadline = time.monotonic() + timeout
-    while len(codes) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    for pid in pids:
-        if pid not in codes:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            codes[pid] = None
-    return [codes[pid] for pid in pids]
 
 
 def test_a_child_forked_from_a_running_consumer_stops_its_copy_at_once(
@@ -91,7 +72,7 @@ def test_a_child_forked_from_a_running_consumer_stops_its_copy_at_once(
                         os._exit(code)
                 pids.append(pid)
         finally:
-            codes = _exit_codes(pids, CHILDREN_TIMEOUT_S)
+            codes = exit_codes(pids, CHILDREN_TIMEOUT_S)
         wait_until(lambda: c.stats()["processed"] == n, 60, f"all {n} records processed")
     assert c.stats()["state"] == "stopped"
     assert codes == [0] * FORKS, f"{codes.count(None)} of {FORKS} children hung: {codes}"

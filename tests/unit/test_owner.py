@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,12 @@ import pytest
 from logsdk import _owner
 from logsdk.errors import LogSDKError, OwnershipError
 from logsdk.spool import Spool
+from tests.conftest import exit_codes, wait_until
+
+#: Children forked while the parent's threads read the violations, and how long they all
+#: have to raise theirs and leave.
+FORKS = 20
+CHILDREN_TIMEOUT_S = 20.0
 
 
 @pytest.fixture(autouse=True)
@@ -114,3 +121,47 @@ def test_the_spool_is_its_owners_alone(tmp_path: Path) -> None:
     assert sp.count == 1
     sp.owner.take()
     sp.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_child_forked_while_threads_read_the_violations_raises_its_own() -> None:
+    """Two threads read the violations while the main thread forks: each child's own
+    violation raises OwnershipError (the list's lock, held by a parent thread at the fork,
+    is never the child's), within a bounded wait."""
+    owner = _owner.Owner("state of a thread that is not the child's")
+    owner.hand_to(threading.Thread(name="elsewhere"))  # the child's only thread is not it
+    stop = threading.Event()
+    reads = [0]
+
+    def read() -> None:
+        while not stop.is_set():
+            _owner.violations()
+            reads[0] += 1
+
+    def reads_go_on() -> None:
+        n = reads[0]
+        wait_until(lambda: reads[0] > n + 20, 10, "the threads' reads", 0.001)
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    pids: list[int] = []
+    try:
+        for _ in range(FORKS):
+            reads_go_on()  # each fork falls while the threads read
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    owner.check("touch it in a forked child")
+                except OwnershipError:
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        codes = exit_codes(pids, CHILDREN_TIMEOUT_S)
+    assert codes == [0] * FORKS, f"{codes.count(None)} of {FORKS} children hung: {codes}"

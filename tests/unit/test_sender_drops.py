@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from logsdk import LogProducer
 from logsdk.integrations import _sender
 from logsdk.integrations._sender import JsonSender
 from logsdk.integrations.logging import KafkaHandler
-from tests.conftest import wait_until
+from tests.conftest import exit_codes, wait_until
 
 
 def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -96,25 +94,6 @@ FORKS = 40
 CHILDREN_TIMEOUT_S = 20.0
 
 
-def _exit_codes(pids: list[int], timeout: float) -> list[int | None]:
-    """Each child's exit code; None for one still running after ``timeout`` s (killed)."""
-    codes: dict[int, int | None] = {}
-    deadline = time.monotonic() + timeout
-    while len(codes) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    for pid in pids:
-        if pid not in codes:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            codes[pid] = None
-    return [codes[pid] for pid in pids]
-
-
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 @pytest.mark.parametrize("background", [False, True], ids=["inline", "background"])
 def test_a_child_forked_while_other_threads_drop_records_logs_and_counts_its_own(
@@ -164,7 +143,7 @@ def test_a_child_forked_while_other_threads_drop_records_logs_and_counts_its_own
         stop.set()
         for t in threads:
             t.join(10)
-        codes = _exit_codes(pids, CHILDREN_TIMEOUT_S)
+        codes = exit_codes(pids, CHILDREN_TIMEOUT_S)
         logger.removeHandler(handler)
         handler.close()
     assert codes == [0] * FORKS, (

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import sqlite3
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from logsdk.consumer import Record
 from logsdk.errors import ConfigError, FencedError
 from logsdk.sinks import SQLiteSink
 from logsdk.sinks import _sqlite as sink_module
-from tests.conftest import wait_until
+from tests.conftest import exit_codes, wait_until
 
 TP = ("logs", 0)
 
@@ -265,25 +263,6 @@ FORKS = 20
 CHILDREN_TIMEOUT_S = 30.0
 
 
-def _exit_codes(pids: list[int], timeout: float) -> list[int | None]:
-    """Each child's exit code; None for one still running after ``timeout`` s (killed)."""
-    codes: dict[int, int | None] = {}
-    deadline = time.monotonic() + timeout
-    while len(codes) < len(pids) and time.monotonic() < deadline:
-        for pid in pids:
-            if pid not in codes:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)
-    for pid in pids:
-        if pid not in codes:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            codes[pid] = None
-    return [codes[pid] for pid in pids]
-
-
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_child_forked_while_threads_commit_writes_through_a_connection_of_its_own(
     tmp_path: Path,
@@ -328,7 +307,7 @@ def test_a_child_forked_while_threads_commit_writes_through_a_connection_of_its_
         stop.set()
         for t in threads:
             t.join(10)
-        codes = _exit_codes(pids, CHILDREN_TIMEOUT_S)
+        codes = exit_codes(pids, CHILDREN_TIMEOUT_S)
     assert codes == [0] * FORKS, f"{codes.count(None)} of {FORKS} children hung: {codes}"
     assert sink.count() == sum(committed) + 3 * FORKS
     sink.close()
