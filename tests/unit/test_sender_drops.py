@@ -133,9 +133,9 @@ def test_a_child_forked_while_other_threads_drop_records_logs_and_counts_its_own
                     logger.error("the child's", extra={"v": Unprintable()})
                     if background:
                         handler.flush()  # the handler's thread has worked the record
-                    code = 0 if handler.dropped == before + 1 else 3
-                    if before != 0:
-                        code = 4  # the parent's drops are the parent's to count and say
+                    counted = handler.dropped == before + 1
+                    # 4: the parent's drops are the parent's to count and say.
+                    code = 3 if not counted else 4 if before != 0 else 0
                 finally:
                     os._exit(code)
             pids.append(pid)
