@@ -72,6 +72,11 @@ JVM_OPTIONS = (
     "-Djava.awt.headless=true",
 )
 
+#: For tests: the JIT's first tier only. A node's start then costs about 3.5 s of CPU
+#: instead of 6 (format and start, one node, measured twice each); what a test does on it
+#: runs a little slower, which no test measures. Benchmarks keep :data:`JVM_OPTIONS`.
+TEST_JVM_OPTIONS = (*JVM_OPTIONS, "-XX:TieredStopAtLevel=1")
+
 _LIVE: weakref.WeakSet[ApacheKafka] = weakref.WeakSet()
 
 

@@ -459,6 +459,7 @@ def chaos(
         create_topic,
         read_topic,
     )
+    from logsdk.testing._apache import TEST_JVM_OPTIONS
 
     _owner.enable()  # here and in every child (the environment is inherited)
     os.environ[ENV_SEQ_BLOCK] = str(seq_block)
@@ -472,7 +473,9 @@ def chaos(
     t_start = time.monotonic()
     broker: EmbeddedBroker | ApacheKafka
     if broker_kind == "apache":
-        broker = ApacheKafka(nodes=3, proxy=True, workdir=work / "kafka")
+        broker = ApacheKafka(
+            nodes=3, proxy=True, workdir=work / "kafka", jvm_options=TEST_JVM_OPTIONS
+        )
     else:
         broker = EmbeddedBroker(durable=True, proxy=True)
     with broker, _reaped(run):

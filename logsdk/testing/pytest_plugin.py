@@ -47,7 +47,7 @@ import pytest
 from logsdk import _owner
 from logsdk._types import ClientConfig
 from logsdk.testing._admin import create_topic
-from logsdk.testing._apache import ApacheKafka
+from logsdk.testing._apache import TEST_JVM_OPTIONS, ApacheKafka
 from logsdk.testing._broker import EmbeddedBroker
 from logsdk.testing._mock import MockCluster
 
@@ -169,7 +169,7 @@ def open_target(kind: BrokerKind | None = None) -> KafkaTarget:
         target._closers.append(mock.stop)
         return target
     if kind == "apache":
-        cluster = ApacheKafka(nodes=1).start()
+        cluster = ApacheKafka(nodes=1, jvm_options=TEST_JVM_OPTIONS).start()
         target = KafkaTarget(cluster.bootstrap_servers, "apache", apache=cluster)
         target._closers.append(lambda: cluster.stop(timeout=5.0))
         return target
@@ -340,6 +340,7 @@ def apache_cluster_factory(
 
     def make(nodes: int = 3, **kw: Any) -> ApacheKafka:
         kw.setdefault("workdir", tmp_path_factory.mktemp("kafka", numbered=True))
+        kw.setdefault("jvm_options", TEST_JVM_OPTIONS)
         cluster = ApacheKafka(nodes, **kw)
         clusters.append(cluster)
         return cluster.start()
