@@ -184,9 +184,14 @@ class KafkaConsumerClient:
                 start = starts[tp]
                 p.offset = self._reset if start is None else start
         consumer.assign(partitions)
+        # librdkafka keeps a partition's pause through unassign and assign: one paused
+        # when it was last owned (the queue was full when it was revoked or lost) would
+        # never be fetched again. Every new partition gets the fetcher's state now:
+        # paused like the others while the queue is full, else resumed.
         if self._start_paused():
-            # The queue is full: new partitions start paused like the others.
             consumer.pause(partitions)
+        else:
+            consumer.resume(partitions)
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         self.owner.check("serve a revocation")

@@ -18,13 +18,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from logsdk import LogProducer
+from logsdk import LogConsumer, LogProducer, Record
 from logsdk.testing import ApacheKafka, check_delivery, create_topic, read_topic
 from logsdk.testing.chaos import trace_deliveries, unconfirmed_seqs
 from tests.conftest import FAST, assert_spool_sound, wait_until
@@ -298,3 +298,60 @@ def _count(db: Path, sql: str) -> int:
             conn.close()
     except sqlite3.Error:
         return 0
+
+
+class _Gated:
+    """At-least-once handler that holds every call until ``gate`` is set; records what it
+    processed."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self._lock = threading.Lock()
+        self.seen: set[tuple[int, int]] = set()
+
+    def process(self, records: Sequence[Record]) -> None:
+        self.gate.wait(60)
+        with self._lock:
+            self.seen.update((r.partition, r.offset) for r in records)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.seen)
+
+
+def test_consumer_paused_by_a_full_queue_fetches_again_after_losing_its_partitions(
+    apache_cluster_factory: ClusterFactory, make_consumer: Callable[..., LogConsumer]
+) -> None:
+    """A consumer whose full queue paused its partitions loses them to a network cut (its
+    session times out) and is given them back once the network heals: it fetches them
+    again and processes every record (the chaos run's stall: librdkafka keeps a pause
+    across unassign and assign)."""
+    cluster = apache_cluster_factory(1, proxy=True)
+    partitions, n = 2, 2_000
+    topic = create_topic(cluster.bootstrap_servers, "paused", partitions, replication_factor=1)
+    produce(cluster.client_config("producer"), topic, n, partitions=partitions)
+    handler = _Gated()
+    c = make_consumer(
+        group_id=f"g-{topic}",
+        topics=[topic],
+        handler=handler,
+        workers=1,
+        queue_size=100,
+        max_batch=10,
+        kafka_config=cluster.client_config("consumer"),
+    )
+    try:
+        c.start()
+        # The one worker holds a batch, the queue fills up: its partitions are paused.
+        wait_until(lambda: c.stats()["paused_partitions"], 30, "partitions paused", step=0.1)
+        cluster.cut()
+        try:
+            wait_until(lambda: c.stats()["lost"] >= 1, 30, "partitions lost", step=0.1)
+        finally:
+            cluster.heal()
+        wait_until(lambda: c.stats()["assignments"] >= 2, 30, "partitions given back", step=0.1)
+        assert sorted(c.stats()["assigned"]) == [f"{topic}[{p}]" for p in range(partitions)]
+    finally:
+        handler.gate.set()
+    wait_until(lambda: handler.count() >= n, 30, f"all {n} records processed", step=0.1)
+    assert handler.seen == {(i % partitions, i // partitions) for i in range(n)}
