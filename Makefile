@@ -3,13 +3,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.logsdk-installed
+# The pyspark the tests run: the newest release whose Kafka connector
+# (spark-sql-kafka-0-10_2.13) Maven Central serves; logsdk/testing/spark_kafka/pom.xml names
+# the same version (tests/unit/test_spark_jars.py checks both).
+PYSPARK := 4.2.0
 
 .PHONY: demo test lint typecheck docs unit bench chaos clean plots jars
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv  # uv: installs in seconds where pip takes minutes
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev,spark,site]'  # spark: tests/spark; site: tests/site
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev,spark,site]' 'pyspark==$(PYSPARK)'  # spark: tests/spark; site: tests/site
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -39,13 +43,16 @@ docs: $(STAMP)
 # workers time out). The Spark cluster test runs
 # alone: its five JVMs beside other Spark tests made their Python workers time out
 # connecting back ("Python worker failed to connect back"), seen with -n 2.
-# Apache Kafka's jars from Maven Central into the jar cache (logsdk/testing/_jars.py), once:
-# the suite runs its Kafka-facing tests on Apache Kafka too, so Java 17+ and Maven are
-# needed, and their absence stops make test here with a message rather than in the tests.
+# Apache Kafka's jars, Spark's Kafka connector and hadoop-aws (with the AWS SDK bundle,
+# about 690 MB) from Maven Central into the jar cache (logsdk/testing/_jars.py), once:
+# the suite runs its Kafka-facing tests on Apache Kafka too and the Spark tests on
+# Spark's own Kafka source and s3a:// checkpoints, so Java 17+ and Maven are needed, and
+# their absence stops make test here with a message rather than in the tests.
 jars: $(STAMP)
 	@command -v java >/dev/null 2>&1 || { echo "make test needs a Java 17+ runtime (no java on PATH): Apache Kafka and Spark run in the suite; e.g. apt-get install openjdk-17-jre-headless" >&2; exit 1; }
-	@command -v mvn >/dev/null 2>&1 || { echo "make test needs Maven (no mvn on PATH): it fetches Apache Kafka's jars from Maven Central; e.g. apt-get install maven" >&2; exit 1; }
+	@command -v mvn >/dev/null 2>&1 || { echo "make test needs Maven (no mvn on PATH): it fetches Apache Kafka's jars, Spark's Kafka connector and hadoop-aws from Maven Central; e.g. apt-get install maven" >&2; exit 1; }
 	$(VENV)/bin/logsdk broker --kind apache --fetch-jars
+	$(PY) -m logsdk.testing._spark
 
 test: lint typecheck docs jars
 	@echo "== Python $$($(PY) -c 'import platform; print(platform.python_version())') (.venv): full suite, fault tests apart"

@@ -10,6 +10,8 @@ drops the duplicates an at-least-once producer may send, by the (``logsdk.produc
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -24,6 +26,8 @@ from pyspark.sql.types import (
 )
 
 from logsdk.errors import SparkSourceError
+
+log = logging.getLogger("spark_sink")
 
 #: The fields KafkaHandler writes, as Spark reads them (``extra`` values as JSON text).
 LOG_SCHEMA = StructType(
@@ -58,6 +62,19 @@ LOG_COLUMNS = (
 )
 
 
+def _warn_without_headers(df: DataFrame, what: str) -> None:
+    """Say so when Kafka rows come without their headers: ``producer`` and ``seq`` are
+    then null, and :func:`dedupe` cannot drop a producer's retries (Spark's own Kafka
+    source leaves the headers out unless ``includeHeaders`` is true)."""
+    if "headers" not in df.columns and {"topic", "partition", "offset"} <= set(df.columns):
+        log.warning(
+            "%s: these Kafka rows have no headers column, so producer and seq are null and "
+            "dedupe keeps every record a producer sent twice; read them with the option "
+            'includeHeaders "true" (Spark\'s own Kafka source leaves headers out by default)',
+            what,
+        )
+
+
 def _header(name: str) -> Column:
     # get() returns null past the end of the array, also under ANSI mode.
     return F.expr(f"get(filter(headers, h -> h.key = '{name}'), 0).value")
@@ -75,6 +92,7 @@ def parse_logs(df: DataFrame, *, value_col: str = "value") -> DataFrame:
     """
     if value_col not in df.columns:
         raise SparkSourceError(f"parse_logs: no column {value_col!r} in {df.columns}")
+    _warn_without_headers(df, "parse_logs")
     text = F.col(value_col).cast("string")
     parsed = F.from_json(
         text,
@@ -189,6 +207,7 @@ def parse_otlp(
         raise SparkSourceError(
             f"parse_otlp: encoding must be otlp_proto or otlp_json: {encoding!r}"
         )
+    _warn_without_headers(df, "parse_otlp")
     # Not Arrow-optimised: that needs pandas, which logsdk does not require.
     decode = F.udf(lambda v: _otlp_rows(v, encoding), ArrayType(OTLP_SCHEMA), useArrow=False)
     out = df.withColumn("__otlp", F.explode(decode(F.col(value_col).cast("binary"))))

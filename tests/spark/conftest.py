@@ -28,16 +28,19 @@ def spark_missing() -> str | None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A local[2,2] SparkSession with spark_sink registered (a failed task is retried once)."""
+    """A local[2,2] SparkSession with spark_sink registered (a failed task is retried once)
+    and Spark's own Kafka source (``format("kafka")``, its jars from the cache that
+    ``make jars`` fills; Maven fetches them on first use)."""
     reason = spark_missing()
     if reason:
         pytest.skip(reason)
     # Python workers import test helpers (handlers unpickled on the driver's worker).
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    from logsdk.testing._spark import spark_jars_conf
     from spark_sink import local_session
 
-    session = local_session("logsdk-tests")
+    session = local_session("logsdk-tests", **spark_jars_conf(kafka=True))
     try:
         yield session
     finally:
