@@ -430,7 +430,12 @@ class KafkaLogExporter(LogRecordExporter):
         except ProducerClosedError:
             if not (self._owned and leaving()):
                 raise
-            self.producer = LogProducer(**self._producer_kwargs)
+            try:
+                self.producer = LogProducer(**self._producer_kwargs)
+            except RuntimeError as exc:  # Python 3.12.0-3.12.1: no thread starts at exit
+                raise ProducerClosedError(
+                    f"the producer was closed at exit and cannot be made again: {exc}"
+                ) from exc
             self.producer._close_at_exit(self.close_timeout)
             self._after_exit_hook = True
             log.debug("export after logsdk's exit hook: producer made again on its spool_dir")

@@ -383,7 +383,9 @@ class Drains:
                 drain = LogProducer._for_slot(cfg, index, path)
             except SpoolLockedError:
                 continue  # another process took the slot meanwhile
-            except LogSDKError as exc:
+            except (LogSDKError, RuntimeError) as exc:
+                # RuntimeError: Python 3.12.0 and 3.12.1 start no thread once the process
+                # is leaving (a close() at exit).
                 self._errors.add("slot_drain")
                 log.warning("spool slot %s left by another process not drained: %s", path, exc)
                 continue
