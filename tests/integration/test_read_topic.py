@@ -44,6 +44,7 @@ def test_reads_offset_zero_when_the_broker_answers_earliest_above_it(
     finally:
         probe.close()
     assert low == 1  # what a reader starting at EARLIEST is told
+    assert broker.earliest_misreports_done == 1
     got = read_topic(broker.bootstrap_servers, "skewed")
     assert sorted(m.value() or b"" for m in got) == values
     assert [m.offset() for m in got] == [0, 1, 2, 3, 4]
