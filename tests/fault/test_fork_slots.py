@@ -221,9 +221,10 @@ def test_a_long_lived_parent_forking_workers_while_kafka_is_down_holds_no_drains
     assert most["draining"] == 0, (start, most)
     assert most["slot_dirs"] <= 4, (start, most)
     assert most["python_threads"] == start["python_threads"], (start, most)
-    # A probe of the parent's health thread has a client of its own while it runs.
-    assert most["threads"] <= start["threads"] + 6, (start, most)
-    assert most["fds"] <= start["fds"] + 6, (start, most)
+    # A probe of the parent's health thread has a client of its own while it runs (4
+    # threads and 5 descriptors, measured); a drain costs 3 Python threads and more.
+    assert most["threads"] <= start["threads"] + 8, (start, most)
+    assert most["fds"] <= start["fds"] + 8, (start, most)
     broker.heal()
     app.stdin.write("healed\n")
     app.stdin.flush()
