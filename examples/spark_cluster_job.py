@@ -2,10 +2,13 @@
 
     spark-submit --master spark://HOST:7077 ... examples/spark_cluster_job.py \\
         --bootstrap BROKERS --topic TOPIC --checkpoint DIR [--sink sink] [--sink foreach] \\
-        [--sink parquet] [--db logs.db] [--staging s3://bucket/prefix] [--parquet DIR]
+        [--sink parquet] [--sink kafka:sink] [--db logs.db] [--staging s3://bucket/prefix] \\
+        [--parquet DIR]
 
-Reads ``TOPIC`` with ``logsdk-kafka`` (on the executors) and writes it, one query per
-``--sink``:
+Reads ``TOPIC`` and writes it, one query per ``--sink [SOURCE:]SINK``. SOURCE is
+``logsdk-kafka`` (the default: logsdk's Python source, read on the executors) or ``kafka``
+(Spark's own JVM source, ``spark-sql-kafka-0-10`` on the classpath: ``--packages`` or
+``--jars``; headers included). SINK is:
 
 - ``sink``: ``logsdk-sink`` into ``SQLiteSink(--db)``; executors stage each task's rows
   under ``--staging`` (shared storage: ``s3://``, ``gs://``, ``hdfs://``), the driver
@@ -14,10 +17,13 @@ Reads ``TOPIC`` with ``logsdk-kafka`` (on the executors) and writes it, one quer
   on the driver;
 - ``parquet``: Spark's own file sink into ``--parquet``.
 
-Each query keeps its checkpoint under ``--checkpoint/<sink>`` (shared storage on a
-cluster). Without ``--available-now`` the queries run until the job is stopped; with it
-they read what is in the topic and the job exits. Running the same line again resumes
-every query from its checkpoint: each record stored once.
+A query on Spark's source writes beside the same query on logsdk-kafka with ``.kafka``
+added to its files' names (``--db``, ``--parquet``) and its sink id; its checkpoint is
+``--checkpoint/kafka-<sink>``, the others' ``--checkpoint/<sink>``: shared storage on a
+cluster (an ``s3a://`` URI with hadoop-aws on the classpath, HDFS, a shared mount).
+Without ``--available-now`` the queries run until the job is stopped; with it they read
+what is in the topic and the job exits. Running the same line again resumes every query
+from its checkpoint: each record stored once.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from pyspark.sql import SparkSession
 import spark_sink
 from logsdk.sinks import SQLiteSink
 
+SINKS = ("sink", "foreach", "parquet")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -38,7 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--checkpoint", required=True, help="checkpoint root (shared storage)")
     parser.add_argument(
-        "--sink", action="append", choices=("sink", "foreach", "parquet"), dest="sinks"
+        "--sink",
+        action="append",
+        choices=[f"{src}{sink}" for src in ("", "logsdk-kafka:", "kafka:") for sink in SINKS],
+        dest="sinks",
+        metavar="[SOURCE:]SINK",
+        help="SOURCE logsdk-kafka (default) or kafka (Spark's own); SINK sink, foreach, parquet",
     )
     parser.add_argument("--db", default="logs.db", help="SQLite file on the driver's host")
     parser.add_argument("--staging", help="logsdk-sink's stagingDir (shared storage URI)")
@@ -53,28 +66,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-offsets", type=int, default=20_000, help="records per batch")
     parser.add_argument("--available-now", action="store_true", help="stop when caught up")
     args = parser.parse_args(argv)
-    sinks = args.sinks or ["sink"]
-    if "parquet" in sinks and not args.parquet:
+    queries_asked = [
+        (src or "logsdk-kafka", sink)
+        for src, _, sink in (q.rpartition(":") for q in args.sinks or ["sink"])
+    ]
+    if any(sink == "parquet" for _, sink in queries_asked) and not args.parquet:
         parser.error("--sink parquet needs --parquet DIR")
 
     spark = SparkSession.builder.appName("logsdk-cluster-job").getOrCreate()
     spark_sink.register(spark)
-    logs = (
-        spark.readStream.format("logsdk-kafka")
-        .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("subscribe", args.topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(args.max_offsets))
-        .load()
-    )
+    sources = {}
+    for source in {src for src, _ in queries_asked}:
+        reader = (
+            spark.readStream.format(source)
+            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("subscribe", args.topic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(args.max_offsets))
+            .option("includeHeaders", "true")  # logsdk-kafka's default; Spark's is false
+        )
+        sources[source] = reader.load()
     queries = []
-    for sink in sinks:
-        writer = logs.writeStream.option("checkpointLocation", f"{args.checkpoint}/{sink}")
+    for source, sink in queries_asked:
+        # Spark's source's queries: files ".kafka", checkpoint "kafka-", sink ids "-kafka".
+        dot, dash, tail = (
+            ("", "", "") if source == "logsdk-kafka" else (".kafka", "kafka-", "-kafka")
+        )
+        writer = sources[source].writeStream.option(
+            "checkpointLocation", f"{args.checkpoint}/{dash}{sink}"
+        )
         if sink == "sink":
             writer = (
                 writer.format("logsdk-sink")
-                .option("sqlite.path", args.db)
-                .option("sinkId", "cluster-sink")
+                .option("sqlite.path", args.db + dot)
+                .option("sinkId", f"cluster-sink{tail}")
             )
             if args.staging:
                 writer = writer.option("stagingDir", args.staging)
@@ -82,14 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name, _, value = item.partition("=")
                 writer = writer.option(f"staging.{name}", value)
         elif sink == "foreach":
-            handler = SQLiteSink(args.db + ".foreach")
+            handler = SQLiteSink(args.db + dot + ".foreach")
             writer = writer.foreachBatch(
-                spark_sink.ForeachBatchSink(handler, sink_id="cluster-foreach")
+                spark_sink.ForeachBatchSink(handler, sink_id=f"cluster-foreach{tail}")
             )
         else:
-            writer = writer.format("parquet").option("path", args.parquet)
+            writer = writer.format("parquet").option("path", args.parquet + dot)
         writer = writer.trigger(availableNow=True) if args.available_now else writer
-        queries.append(writer.queryName(f"logsdk-{sink}").start())
+        queries.append(writer.queryName(f"logsdk-{dash}{sink}").start())
     for query in queries:
         query.awaitTermination()
     spark.stop()

@@ -88,7 +88,9 @@ def test_handler_benchmark_prints_its_figures() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.apache_kafka
 def test_spark_benchmark_prints_every_figure() -> None:
+    """logsdk-kafka beside Spark's own source and the raw loop, on Apache Kafka."""
     names = {
         r["name"]
         for r in run_benchmark(
@@ -96,11 +98,14 @@ def test_spark_benchmark_prints_every_figure() -> None:
         )
     }
     assert {
-        "spark.source",
-        "spark.source_end_to_end",
-        "spark.query_start",
-        "spark.batch_overhead",
-        "spark.source_in_batch",
+        "spark.source.apache",
+        "spark.source.vs_connector.apache",
+        "spark.connector.apache",
+        "spark.cpu_us_per_row.apache",
+        "spark.source_end_to_end.apache",
+        "spark.query_start.apache",
+        "spark.batch_overhead.apache",
+        "spark.source_in_batch.apache",
     } <= names, sorted(names)
 
 

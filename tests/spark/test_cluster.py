@@ -1,6 +1,9 @@
 """Spark on a standalone cluster: a master and two workers (one core each, their own work
 directories), the driver in its own process started by the docs' ``spark-submit`` line,
-executors in other JVMs and Python workers, the staging area on an S3 server."""
+executors in other JVMs and Python workers, the staging area and the checkpoints on an S3
+server (checkpoints through hadoop-aws's ``s3a://``), reading Apache Kafka with
+logsdk-kafka and with Spark's own Kafka source (its jars and hadoop-aws's from the jar
+cache as ``local:`` files where the docs' line has ``--packages``)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from typing import Any
 import pytest
 
 from logsdk import LogProducer
-from logsdk.testing import EmbeddedBroker, create_topic, read_topic
+from logsdk.testing import ApacheKafka, create_topic, read_topic
+from logsdk.testing._spark import HADOOP_VERSION, SPARK_VERSION, spark_jars_conf
 from spark_sink._staging import Staging
 from spark_sink.standalone import StandaloneCluster
 from tests.conftest import FAST, wait_until
@@ -29,6 +33,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.spark_cluster,
     pytest.mark.integration,
+    pytest.mark.apache_kafka,
     pytest.mark.slow,
     pytest.mark.timeout(900),
 ]
@@ -105,6 +110,24 @@ class Job:
         return self.log.read_text(errors="replace")[-4000:]
 
 
+PACKAGES = (
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION},"
+    f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}"
+)
+
+
+def s3a_settings(s3: S3Server) -> list[str]:
+    """hadoop-aws's settings for the S3 server: its endpoint, path-style addressing (no
+    bucket host names on 127.0.0.1), its region. Credentials: the environment's (the
+    driver's, and the executors' through spark.executorEnv)."""
+    conf = {
+        "spark.hadoop.fs.s3a.endpoint": s3.endpoint,
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+    }
+    return [w for k, v in conf.items() for w in ("--conf", f"{k}={v}")]
+
+
 def submit_words(
     cluster: StandaloneCluster,
     s3: S3Server,
@@ -113,8 +136,9 @@ def submit_words(
     tmp: Path,
 ) -> list[str]:
     """The docs' line with this cluster, broker, bucket and paths in place of the
-    placeholders; the cluster's own settings (log levels, addresses, the executors'
-    environment) after ``spark-submit``; the S3 server's endpoint as a staging option."""
+    placeholders, and the jars from the cache in place of ``--packages``; the cluster's
+    own settings (log levels, addresses, the executors' environment) and the S3 server's
+    after ``spark-submit``; its endpoint as a staging option."""
     words = docs_submit_line()
     swap = {
         "spark://spark-master:7077": cluster.master_url,
@@ -123,16 +147,19 @@ def submit_words(
         ),
         "kafka-1:9092": bootstrap,
         "app-logs": topic,
-        "/shared/logsdk/checkpoints": str(tmp / "ckpt"),
+        "s3a://logsdk-checkpoints/app-logs": checkpoint_uri(s3, tmp),
         "s3://logsdk-staging/app-logs": s3.uri(f"cluster-{tmp.name}"),
         "/var/lib/logsdk/app-logs.db": str(tmp / "sink.db"),
+        # Maven fetched them into the cache before the tests: Ivy downloads nothing here.
+        "--packages": "--conf",
+        PACKAGES: "spark.jars=" + spark_jars_conf(kafka=True, s3a=True)["spark.jars"],
     }
     for old, new in swap.items():
         assert old in words, f"{old!r} is no longer in the docs' line"
         words[words.index(old)] = new
     assert words[0] == "spark-submit"
     own = cluster.submit_args()[1:]  # --master URL --conf ...: the master is the docs'
-    words = [cluster.submit_args()[0], *own[2:], *words[1:]]
+    words = [cluster.submit_args()[0], *own[2:], *s3a_settings(s3), *words[1:]]
     return [
         *words,
         "--staging-option",
@@ -142,7 +169,11 @@ def submit_words(
     ]
 
 
-def produce_with_outage(broker: EmbeddedBroker, topic: str, spool: Path) -> str:
+def checkpoint_uri(s3: S3Server, tmp: Path) -> str:
+    return f"s3a://{s3.bucket}/ckpt-{tmp.name}"
+
+
+def produce_with_outage(broker: ApacheKafka, topic: str, spool: Path) -> str:
     """RECORDS records through a LogProducer, the network cut in the middle; returns its id."""
     p = LogProducer(broker.bootstrap_servers, topic, spool, **FAST)
     try:
@@ -205,31 +236,46 @@ def seqs_in(db: Path, producer: str) -> set[int]:
 def test_executor_and_driver_killed_mid_batch_every_record_stored_once(
     cluster: StandaloneCluster,
     s3_server: S3Server,
-    broker_factory: Any,
+    apache_cluster_factory: Any,
     spark: Any,
     tmp_path: Path,
 ) -> None:
-    """200,000 records (a network cut while they were sent) read on the cluster and
-    written three ways at once (logsdk-sink staged on S3, foreachBatch, parquet). One
-    executor SIGKILLed while tasks ran (Spark reran them), then the driver SIGKILLed while a
-    batch was staged; the same line again with --available-now: every Kafka record stored
-    once by each sink, every record LogProducer accepted among them, the staging area empty."""
-    broker = broker_factory(proxy=True)
+    """200,000 records on Apache Kafka (a network cut while they were sent) read on the
+    cluster by logsdk-kafka, written three ways at once (logsdk-sink staged on S3,
+    foreachBatch, parquet), and by Spark's own Kafka source into logsdk-sink; every
+    checkpoint on S3 (s3a://). One executor SIGKILLed while tasks ran (Spark reran them),
+    then the driver SIGKILLed while a batch was staged; the same line again with
+    --available-now, each query resumed from its checkpoint on S3: every Kafka record
+    stored once by each sink, every record LogProducer accepted among them, the staging
+    area empty."""
+    broker = apache_cluster_factory(1, proxy=True)
     topic = create_topic(broker.bootstrap_servers, "cluster-logs", PARTITIONS)
     producer = produce_with_outage(broker, topic, tmp_path / "spool")
     ends = end_offsets(broker.bootstrap_servers, topic)
     assert sum(ends.values()) >= RECORDS
 
     words = submit_words(cluster, s3_server, broker.bootstrap_servers, topic, tmp_path)
-    sinks = ["--sink", "sink", "--sink", "foreach", "--sink", "parquet"]
+    sinks = ["--sink", "sink", "--sink", "foreach", "--sink", "parquet", "--sink", "kafka:sink"]
     more = [*sinks, "--parquet", str(tmp_path / "parquet"), "--max-offsets", "25000"]
     job = Job(cluster, words, tmp_path / "driver.log")
     db = tmp_path / "sink.db"
+    spark_db = Path(str(db) + ".kafka")  # Spark's source -> logsdk-sink
     staging = Staging.parse(s3_server.uri(f"cluster-{tmp_path.name}"), s3_server.options)
+    checkpoints = Staging.parse(checkpoint_uri(s3_server, tmp_path), s3_server.options)
     launched = cluster.executors_launched()
     job.start(*more)
     try:
-        wait_until(lambda: next_batch(db, "cluster-sink") >= 1 or not job.alive(), 300, "a batch")
+        wait_until(
+            lambda: (
+                (
+                    next_batch(db, "cluster-sink") >= 1
+                    and next_batch(spark_db, "cluster-sink-kafka") >= 1
+                )
+                or not job.alive()
+            ),
+            300,
+            "a batch of each logsdk-sink query",
+        )
         assert job.alive(), job.tail()
         assert len(cluster.executor_pids()) == 2, cluster.executor_pids()
         kill_an_executor_mid_task(cluster, job)
@@ -244,11 +290,17 @@ def test_executor_and_driver_killed_mid_batch_every_record_stored_once(
         job.kill()
     applied = len(stored_rows(db))
     assert 0 < applied < sum(ends.values()), f"driver kill was not mid-run: {applied}"
+    applied = len(stored_rows(spark_db))
+    assert 0 < applied < sum(ends.values()), f"driver kill was not mid-run (kafka): {applied}"
     assert cluster.executors_launched() >= launched + 3  # 2, then one at least replaced
+    saved = {p.split("/")[0] for p in checkpoints.listing() if p.endswith("metadata")}
+    assert saved == {"sink", "foreach", "parquet", "kafka-sink"}, saved
 
     job.run(*more, "--available-now", timeout=600)
     assert_exactly(stored_rows(db), ends)
     assert seqs_in(db, producer) == set(range(RECORDS))
+    assert_exactly(stored_rows(spark_db), ends)
+    assert seqs_in(spark_db, producer) == set(range(RECORDS))
     foreach = Path(str(db) + ".foreach")
     assert_exactly(stored_rows(foreach), ends)
     assert staging.listing() == []
