@@ -30,12 +30,14 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -184,12 +186,20 @@ def collector_config(bootstrap: str, topic: str, encoding: str, out: Path) -> di
     }
 
 
+def _die_with_parent() -> None:
+    """In the Collector's process before exec: the kernel SIGKILLs it if this script dies
+    (Linux; started from the main thread, which lives as long as the script)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def running(
     binary: Path, config: dict[str, Any], workdir: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     """The Collector running on ``config`` (YAML being a superset of JSON, written as JSON);
-    its output in ``workdir/otelcol.log``; stopped (SIGTERM, then SIGKILL) on the way out."""
+    its output in ``workdir/otelcol.log``; stopped (SIGTERM, then SIGKILL) on the way out,
+    and killed by the kernel if this script is."""
     path = workdir / "otelcol.json"
     path.write_text(json.dumps(config, indent=2))
     with open(workdir / "otelcol.log", "wb") as log:  # a new log each time
@@ -198,6 +208,7 @@ def running(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
         try:
             yield proc
