@@ -54,7 +54,6 @@ import copy
 import dataclasses
 import json
 import logging
-import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -256,7 +255,7 @@ def _flush_at_exit() -> None:
     """Run by logsdk's exit hook before it closes any producer: the global
     ``LoggerProvider``, when it is the SDK's, exports what its processors hold (one made
     with ``shutdown_on_exit=False`` is flushed by nothing else)."""
-    live = [e for e in list(_EXPORTERS) if not e._shutdown.is_set()]
+    live = [e for e in list(_EXPORTERS) if not e.is_shut_down]
     if not live:
         return
     from opentelemetry._logs import get_logger_provider
@@ -335,7 +334,9 @@ class KafkaLogExporter(LogRecordExporter):
         self.exported = 0
         self.records = 0
         self.failed = 0
-        self._shutdown = threading.Event()
+        # A plain flag, not an Event: a child forked while a thread set an Event would
+        # inherit its lock held; reading and writing a bool takes no lock.
+        self._shut_down = False
         self._after_exit_hook = False  # self.producer was made after logsdk's exit hook
         _EXPORTERS.add(self)
 
@@ -388,7 +389,7 @@ class KafkaLogExporter(LogRecordExporter):
         records OTLP cannot carry even escaped (one warning for them all); the other parts
         are kept, and the result is FAILURE.
         """
-        if self._shutdown.is_set():
+        if self._shut_down:
             log.warning("export after shutdown: %d log record(s) not exported", len(batch))
             self.failed += len(batch)
             return LogRecordExportResult.FAILURE
@@ -445,10 +446,15 @@ class KafkaLogExporter(LogRecordExporter):
         """True once every exported record is in Kafka or in the spool (durable)."""
         return self.producer.flush_durable(max(0, timeout_millis) / 1000) == 0
 
+    @property
+    def is_shut_down(self) -> bool:
+        """True once :meth:`shutdown` was called: exports are refused."""
+        return self._shut_down
+
     def shutdown(self) -> None:
         """Refuse further exports; close the producer if the exporter made it."""
-        if self._shutdown.is_set():
+        if self._shut_down:
             return
-        self._shutdown.set()
+        self._shut_down = True
         if self._owned:
             self.producer.close(self.close_timeout)
