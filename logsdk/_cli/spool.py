@@ -32,8 +32,9 @@ from logsdk._cli._common import (
 from logsdk.errors import SpoolError
 from logsdk.spool import _readonly
 from logsdk.spool._check import check_spool_dir
+from logsdk.spool._codec import decode_headers
 from logsdk.spool._slots import is_free, slot_indexes, slot_path
-from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME, decode_headers
+from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME
 
 if TYPE_CHECKING:
     from logsdk.producer import LogProducer

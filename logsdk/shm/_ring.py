@@ -76,7 +76,8 @@ from zlib_ng.zlib_ng import crc32
 
 from logsdk._fork import at_fork_in_child, fork_guard
 from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
-from logsdk.spool._spool import Headers, Row, Spool, encode_headers
+from logsdk.spool._codec import Headers, Row, encode_headers
+from logsdk.spool._spool import Spool
 
 log = logging.getLogger("logsdk.shm")
 

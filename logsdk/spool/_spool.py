@@ -45,7 +45,6 @@ import logging
 import os
 import sqlite3
 import stat
-import struct
 import threading
 import time
 import uuid
@@ -63,6 +62,16 @@ from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
 from logsdk.spool import _readonly
+from logsdk.spool._codec import (
+    ROW_OVERHEAD,
+    Columns,
+    ReplayRow,
+    Row,
+    StoredRow,
+    columns_bytes,
+    row_size,
+    transpose,
+)
 
 log = logging.getLogger("logsdk.spool")
 
@@ -70,19 +79,6 @@ DB_NAME = "spool.db"
 STATE_NAME = "state.json"
 LOCK_NAME = "LOCK"
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-#: Bytes counted per row on top of key, value and headers (ids, topic, timestamps).
-ROW_OVERHEAD = 64
-
-#: One row as the producer hands it over: topic, key, value, headers blob, ts, seq.
-Row = tuple[str, bytes | None, bytes | None, bytes | None, int | None, int]
-#: A row read back: id, topic, key, value, headers blob, ts, seq, size.
-StoredRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, int, int]
-#: A row read back for replay: id, topic, key, value, headers blob, ts, seq.
-#: As a stored row, without ``size``, and with ``seq`` as its decimal digits (bytes): the
-#: value of the ``logsdk.seq`` header, formatted by SQLite.
-ReplayRow = tuple[int, str, bytes | None, bytes | None, bytes | None, int | None, bytes]
-
-Headers = list[tuple[str, bytes | None]]
 _COLUMNS = "topic, key, value, headers, ts, seq, size"
 
 
@@ -168,7 +164,6 @@ def _insert_sql(n: int) -> str:
 #: more: preparing the statement grows with the square of its rows (with numbered
 #: placeholders, measured: 1000 rows 0.1 s once per connection, 5000 rows 2.6 s).
 _INSERT_CHUNKS = (1000, 100, 10, 1)
-_H = struct.Struct(">HI")
 #: The columns a record has in both the ``records`` and the ``rejected`` table.
 _RECORD_COLUMNS: dict[str, type] = {
     "id": int,
@@ -179,45 +174,6 @@ _RECORD_COLUMNS: dict[str, type] = {
     "ts": int,
     "seq": int,
 }
-_NONE = 0xFFFFFFFF
-
-
-def encode_headers(headers: Headers | None) -> bytes | None:
-    """Pack user headers as (u16 name length, u32 value length, name, value)*."""
-    if not headers:
-        return None
-    out = bytearray()
-    for name, value in headers:
-        nb = name.encode()
-        out += _H.pack(len(nb), _NONE if value is None else len(value))
-        out += nb
-        if value is not None:
-            out += value
-    return bytes(out)
-
-
-def decode_headers(blob: bytes | None) -> Headers:
-    """Inverse of :func:`encode_headers`."""
-    if not blob:
-        return []
-    out: Headers = []
-    i, n = 0, len(blob)
-    while i < n:
-        nlen, vlen = _H.unpack_from(blob, i)
-        i += _H.size
-        name = blob[i : i + nlen].decode()
-        i += nlen
-        if vlen == _NONE:
-            out.append((name, None))
-        else:
-            out.append((name, blob[i : i + vlen]))
-            i += vlen
-    return out
-
-
-def row_size(row: Row) -> int:
-    """Bytes a row counts against ``spool_max_bytes``."""
-    return len(row[1] or b"") + len(row[2] or b"") + len(row[3] or b"") + ROW_OVERHEAD
 
 
 def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
@@ -234,26 +190,6 @@ def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
         hi = i
     runs.append((lo, hi))
     return runs
-
-
-#: Rows transposed (``zip(*rows)``): topics, keys, values, headers blobs, timestamps, seqs.
-Columns = list[tuple[Any, ...]]
-
-
-def transpose(rows: Sequence[Row]) -> Columns:
-    """``rows`` as their 6 columns, transposed in C (no Python loop over the rows)."""
-    return list(zip(*rows, strict=True)) if rows else [() for _ in range(6)]
-
-
-def columns_bytes(cols: Columns) -> int:
-    """``sum(row_size(r) for r in rows)`` of the rows ``cols`` holds."""
-    _, keys, values, headers, _, _ = cols
-    return (
-        sum(map(len, filter(None, keys)))
-        + sum(map(len, filter(None, values)))
-        + sum(map(len, filter(None, headers)))
-        + ROW_OVERHEAD * len(keys)
-    )
 
 
 def is_disk_full(exc: BaseException) -> bool:

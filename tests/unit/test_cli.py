@@ -9,7 +9,7 @@ import pytest
 
 from logsdk._cli.tail import render
 from logsdk.cli import main
-from logsdk.spool._spool import Spool, encode_headers
+from logsdk.spool import Spool, encode_headers
 
 COMMANDS = [
     ["broker"],

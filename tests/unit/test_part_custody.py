@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from logsdk.errors import BufferFullError, SpoolError, SpoolFullError
-from logsdk.spool._spool import Columns
+from logsdk.spool._codec import Columns
 from tests.unit.producer_parts import REC_BYTES, Parts, parts_factory, rec, seqs_of, spooled
 
 

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolLockedError
 from logsdk.spool import Spool, decode_headers, encode_headers
-from logsdk.spool._spool import id_runs, row_size
+from logsdk.spool._codec import row_size
+from logsdk.spool._spool import id_runs
 
 headers_st = st.lists(
     st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50))), max_size=6
