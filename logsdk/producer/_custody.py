@@ -37,7 +37,8 @@ from logsdk.producer._gate import Gate
 from logsdk.producer._records import Rec, _row
 from logsdk.producer._tally import Tally
 from logsdk.shm._ring import ShmRing
-from logsdk.spool._spool import Row, Spool, columns_bytes, encode_headers, row_size, transpose
+from logsdk.spool._codec import Row, columns_bytes, encode_headers, row_size, transpose
+from logsdk.spool._spool import Spool
 
 log = logging.getLogger("logsdk.producer")
 

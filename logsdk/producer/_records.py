@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from logsdk.errors import SerializationError
-from logsdk.spool._spool import Headers, Row, encode_headers
+from logsdk.spool._codec import Headers, Row, encode_headers
 
 #: Header names every record carries, so any reader can drop duplicates.
 HEADER_PRODUCER = "logsdk.producer"

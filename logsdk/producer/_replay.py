@@ -35,7 +35,8 @@ from logsdk.producer._config import ProducerConfig
 from logsdk.producer._inflight import InFlight, Tracer
 from logsdk.producer._records import HEADER_SEQ, KHeaders, _seq_of
 from logsdk.producer._tally import Tally
-from logsdk.spool._spool import Spool, decode_headers
+from logsdk.spool._codec import decode_headers
+from logsdk.spool._spool import Spool
 
 log = logging.getLogger("logsdk.producer")
 
