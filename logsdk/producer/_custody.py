@@ -10,6 +10,11 @@ Invariants owned here:
 - records go to the spool in send order: failed ones first (sorted by seq), then the
   backlog's head; when the spool takes only part of a batch, the rest goes back where it
   came from and nothing newer is written before it;
+- the overflow policy never drops a spool row of a record a retired client may still
+  deliver (``keep_through``): a broker may store such a request long after the client
+  gave up on it, and the row's replay must reach Kafka before anything newer (the late
+  original is then a duplicate, dropped by the reader; without the copy it would land
+  after newer records, and a record counted as dropped would arrive);
 - memory is bounded: the backlog holds at most ``buffer_max_records`` (``when_full`` says
   what happens beyond), and the spool at most ``spool_max_bytes``;
 - a spool write that fails keeps the records in memory (:mod:`logsdk.producer._alarm`);
@@ -17,8 +22,8 @@ Invariants owned here:
   (acknowledged, spooled, dropped or refused): :meth:`Custody.release`.
 
 Owner: the pump thread (``owner``: the pump's), for ``failed``, ``rejects``, the spool
-commits and ``spooled``; the send path calls :meth:`accept_in_turn` and :meth:`release`
-with the send lock held. ``spool_full`` and ``shm_pressure`` are published
+commits, ``keep_through`` and ``spooled``; the send path calls :meth:`accept_in_turn` and
+:meth:`release` with the send lock held. ``spool_full`` and ``shm_pressure`` are published
 flags: the pump writes ``spool_full``, send() raises ``shm_pressure`` and the pump lowers it.
 """
 
@@ -72,6 +77,12 @@ class Custody:
         self.backlog_max = config.buffer_max_records
         #: Handed back by a client, for the spool (pump).
         self.failed: list[Rec] = []
+        #: ``failed`` holds a record its client may have sent (see ``keep_through``).
+        self._failed_may_arrive = False
+        #: Spool rows up to this id hold records that a retired client was given and never
+        #: confirmed: a broker may still store them. The overflow policy does not drop
+        #: them; they leave the spool when their replay is acknowledged (pump).
+        self.keep_through = 0
         #: Records between memory and the spool (a commit under way), counted until
         #: committed. Published.
         self.in_transit = 0
@@ -214,9 +225,18 @@ class Custody:
 
     # -- the pump ------------------------------------------------------------------------
 
-    def take_back(self, rec: Rec) -> None:
-        """A client handed ``rec`` back: it goes to the spool, and is resent from there."""
+    def take_back(self, rec: Rec, may_arrive: bool = False) -> None:
+        """A client handed ``rec`` back: it goes to the spool, and is resent from there.
+        ``may_arrive``: the client may have sent it (purged in flight, timed out), so a
+        broker may still store it: its row is kept until replayed (``keep_through``)."""
         self.failed.append(rec)
+        if may_arrive:
+            self._failed_may_arrive = True
+
+    def keep_rows(self, through: int) -> None:
+        """Spool rows up to ``through`` were handed to a client retired without confirming
+        them all (the replay's, at a degrade): kept as ``keep_through`` says."""
+        self.keep_through = max(self.keep_through, through)
 
     def reject(self, rec: Rec, why: str) -> None:
         """Kafka refused ``rec``: set aside in the spool's rejected table (next settle)."""
@@ -251,7 +271,8 @@ class Custody:
 
     def spool_pending(self, cursor: int, limit: int | None = None) -> bool:
         """Commit failed records, then the backlog's head, to the spool. True if more left.
-        ``cursor``: the replay's (rows up to it may be in flight: never dropped)."""
+        ``cursor``: the replay's (rows up to it may be in flight: never dropped, nor those
+        up to ``keep_through``)."""
         self._owner.check("commit records to the spool")
         if not self._alarm.ready():
             return False
@@ -270,6 +291,10 @@ class Custody:
                 if not ok:
                     self.failed = batch + self.failed
                 self.in_transit = 0
+            if ok and self._failed_may_arrive:
+                self.keep_through = self._spool.top_id
+            if not self.failed:
+                self._failed_may_arrive = False
             if not ok or self.failed:
                 # Not written, or the spool took only part of them: nothing newer may go
                 # in before the rest (a smaller backlog record could fit the room left).
@@ -323,9 +348,11 @@ class Custody:
                 policy = self._config.when_full
                 if policy == "drop_oldest":
                     try:
-                        # Rows already handed to Kafka for replay are not dropped: they may
+                        # Rows already handed to Kafka, for replay (up to the cursor) or by a
+                        # retired client (``keep_through``), are not dropped: they may
                         # arrive, and a record counted as dropped must not.
-                        dropped = self._spool.drop_oldest(need - room, cursor)
+                        keep = max(cursor, self.keep_through)
+                        dropped = self._spool.drop_oldest(need - room, keep)
                     except SpoolError as exc:
                         self._alarm.failed(exc, "write")
                         return False

@@ -61,11 +61,13 @@ class Handback:
 
     def __init__(
         self,
-        failed: Callable[[Rec], None],
+        failed: Callable[[Rec, bool], None],
         rejected: Callable[[Rec, str], None],
         degrade: Callable[[str], None],
     ) -> None:
-        #: A record to spool and resend (failed, or reported without an offset).
+        #: A record to spool and resend (failed, or reported without an offset), and
+        #: whether a broker may still store the one this client sent (see
+        #: ``Custody.keep_through``).
         self.failed = failed
         #: A record Kafka refused, with why: for the rejected table.
         self.rejected = rejected
@@ -246,7 +248,8 @@ class InFlight:
                 self.acked += 1
                 return
             # Unconfirmed: a delivery that possibly persisted the record; spooled, resent.
-            self._handback.failed(rec)
+            # The broker answered for that batch: it will not store it later.
+            self._handback.failed(rec, False)
             self.unconfirmed_seen()
             return
         if _client.is_record_error(err):
@@ -257,10 +260,11 @@ class InFlight:
             )
             self._handback.rejected(rec, err.str())
             return
-        if _client.possibly_persisted(err, self.answered):
+        may_arrive = _client.possibly_persisted(err, self.answered)
+        if may_arrive:
             self.possible_dups += 1
         self._errors.add(err.name())
-        self._handback.failed(rec)
+        self._handback.failed(rec, may_arrive)
         self._handback.degrade(f"delivery failed: {err.str()}")
 
     def is_unconfirmed(self, msg: Message) -> bool:

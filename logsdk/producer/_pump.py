@@ -298,6 +298,9 @@ class Pump:
         # The purge's own failure reports asked for a degrade: this one. Left pending, the
         # request would end the next recovery at its first step.
         self.requests.take_degrade()
+        # The retired client may still deliver the rows it was given: the overflow policy
+        # keeps them until they are replayed again.
+        p.custody.keep_rows(p.replay.cursor)
         p.replay.forget_inflight()
         p.replay.restart()
 

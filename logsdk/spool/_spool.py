@@ -729,6 +729,12 @@ class Spool:
             raise SpoolError("the spool is closed")
         return self._conn
 
+    @property
+    def top_id(self) -> int:
+        """The highest row id this spool has held: every row written later has a higher
+        one."""
+        return self._top_id
+
     def room(self) -> int | None:
         """Bytes left under ``max_bytes`` (None: no cap)."""
         return None if self.max_bytes is None else max(0, self.max_bytes - self.bytes)

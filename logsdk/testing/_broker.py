@@ -482,6 +482,29 @@ class EmbeddedBroker:
         """Produce requests lost by :meth:`drop_produce_as_duplicate` so far."""
         return self._need_proxy("produce_drops_done").produce_drops_done
 
+    def hold_produce(self) -> None:
+        """Hold the next produce request at the proxy, with everything its client sends
+        after it on that connection, until :meth:`release_held` (needs ``proxy=True``):
+        a broker that stores a request after its client gave up on it, purged it and
+        closed the connection, as Apache Kafka does with requests it had not read from a
+        connection whose earlier request waited in purgatory. See
+        :meth:`TcpProxy.hold_produce`."""
+        self._need_proxy("hold_produce").hold_produce()
+
+    def release_held(self) -> None:
+        """Forward what :meth:`hold_produce` held to the broker."""
+        self._need_proxy("release_held").release_held()
+
+    @property
+    def produce_holds_done(self) -> int:
+        """Produce requests that began a hold (:meth:`hold_produce`) so far."""
+        return self._need_proxy("produce_holds_done").produce_holds_done
+
+    @property
+    def held_records(self) -> int:
+        """Records in the produce requests held since the last :meth:`hold_produce`."""
+        return self._need_proxy("held_records").held_records
+
     def fail_metadata(
         self,
         count: int = 1,

@@ -39,6 +39,15 @@ low of ``get_watermark_offsets`` ask) in the next ``n`` responses that carry one
 Tansu 0.6 answers when a partition's first batches were stored in another order than
 their offsets (docs/engineering/broker-quirks.md), on demand instead of under load.
 
+``hold_produce()`` holds the next ProduceRequest, and everything its client sends after
+it on that connection, until ``release_held()``; then forwards them in order, even if the
+client has closed the connection meanwhile. That is what an Apache Kafka broker does with
+a connection whose produce request waits in purgatory (``acks=all`` with a follower in
+the ISR that is not fetching): it reads nothing more from that connection until the
+request is answered, then reads and appends the requests the client sent behind it,
+after any client that gave up on them has purged them, closed the connection and sent
+newer records through another (docs/engineering/chaos.md, "On Apache Kafka").
+
 Everything else passes through unchanged. The proxy splits both directions into
 Kafka frames (an int32 size, then the message) to know each request's
 correlation id, so that a response it makes up is sent only after the responses
@@ -464,6 +473,13 @@ class _Conn:
     #: correlation id -> (version, the (topic, partition) pairs asked EARLIEST) of the
     #: ListOffsets requests awaiting an answer, while misreport_earliest is armed.
     earliest: dict[int, tuple[int, frozenset[tuple[str, int]]]] = field(default_factory=dict)
+    #: The broker's side of the connection (for a hold's release).
+    upstream: asyncio.StreamWriter | None = None
+    #: A hold is on (see ``hold_produce``): frames from the client wait in ``pending``.
+    held: bool = False
+    pending: list[bytes] = field(default_factory=list)
+    #: The client closed its side while held: close the broker's once released.
+    ended: bool = False
 
 
 class TcpProxy:
@@ -492,6 +508,10 @@ class TcpProxy:
         # (producer id, epoch, topic, partition) -> [(base sequence, records)] of the
         # batches lost by drop_produce_as_duplicate (event loop thread only).
         self._lost: dict[tuple[int, int, _Topic, int], list[tuple[int, int]]] = {}
+        self._hold_armed = False
+        self._holds_done = 0
+        self._held_records = 0
+        self._held: list[_Conn] = []  # connections on hold (event loop thread only)
 
     @property
     def is_cut(self) -> bool:
@@ -636,6 +656,74 @@ class TcpProxy:
             [f"{t}[{p}]" for t, p, _ in hit],
         )
         return bytes(buf)
+
+    @property
+    def produce_holds_done(self) -> int:
+        """ProduceRequests that began a hold (see :meth:`hold_produce`) so far."""
+        with self._lock:
+            return self._holds_done
+
+    @property
+    def held_records(self) -> int:
+        """Records in the ProduceRequests held since the last :meth:`hold_produce` (the
+        held one and those sent behind it on its connection)."""
+        with self._lock:
+            return self._held_records
+
+    def hold_produce(self) -> None:
+        """Hold the next ProduceRequest (``acks`` != 0) and every frame its client sends
+        after it on that connection, until :meth:`release_held`: as a Kafka broker reads
+        nothing more from a connection whose produce request waits in purgatory. Other
+        connections pass. The held frames are forwarded in order on release, even if the
+        client closed the connection meanwhile (the broker then stores what a client
+        that gave up on those records sent)."""
+        with self._lock:
+            self._hold_armed = True
+            self._held_records = 0
+        log.info("armed: the next produce request and its connection will be held")
+
+    def release_held(self) -> None:
+        """Forward what :meth:`hold_produce` held (an armed hold not yet begun is
+        disarmed)."""
+        with self._lock:
+            self._hold_armed = False
+        loop = self._loop
+        if loop is None:
+            return
+
+        def release() -> None:
+            held, self._held = self._held, []
+            for conn in held:
+                conn.held = False
+                up = conn.upstream
+                if up is None or self._cut:
+                    continue
+                for chunk in conn.pending:
+                    up.write(chunk)
+                log.info("released %d held frame(s)", len(conn.pending) // 2)
+                conn.pending.clear()
+                if conn.ended:
+                    up.close()  # after what was written: the client had closed its side
+                    self._conns.discard(up)
+
+        loop.call_soon_threadsafe(release)
+
+    def _take_hold(self, frame: bytes, req: _ProduceRequest, conn: _Conn) -> None:
+        """Begin a hold on ``conn`` if one is armed, and count the records held."""
+        if req.acks == 0:
+            return
+        with self._lock:
+            if self._hold_armed and not conn.held:
+                self._hold_armed = False
+                self._holds_done += 1
+                conn.held = True
+                self._held.append(conn)
+            if not conn.held:
+                return
+            for _, partitions in req.topics:
+                for _, (start, end) in partitions:
+                    self._held_records += sum(b.count for b in _batches(frame, start, end))
+        log.info("produce request (correlation id %d) held", req.correlation_id)
 
     def drop_produce_as_duplicate(self, count: int = 1) -> None:
         """Swallow the next ``count`` ProduceRequests and answer each with
@@ -797,7 +885,7 @@ class TcpProxy:
             return
         self._conns.add(writer)
         self._conns.add(up_writer)
-        conn = _Conn(writer)
+        conn = _Conn(writer, upstream=up_writer)
 
         def requests(head: bytes, frame: bytes) -> list[bytes]:
             """Client to broker: note the answer owed, or swallow a produce and answer it."""
@@ -817,6 +905,7 @@ class TcpProxy:
                 conn.owed.append((correlation_id, None))
                 return [head, frame]
             if not self._take_drop(frame, req):
+                self._take_hold(frame, req, conn)
                 if req.acks != 0:
                     conn.owed.append((correlation_id, None))
                 return [head, self._renumber(frame, req) if self._lost else frame]
@@ -854,26 +943,32 @@ class TcpProxy:
             return out
 
         await asyncio.gather(
-            self._pipe(reader, up_writer, requests), self._pipe(up_reader, writer, responses)
+            self._pipe(reader, up_writer, requests, conn), self._pipe(up_reader, writer, responses)
         )
         self._conns.discard(writer)
-        self._conns.discard(up_writer)
+        if not conn.held:  # else the release closes it (a cut or stop resets it)
+            self._conns.discard(up_writer)
 
     async def _pipe(
         self,
         src: asyncio.StreamReader,
         dst: asyncio.StreamWriter,
         on_frame: _FrameHook,
+        held: _Conn | None = None,
     ) -> None:
         """Copy ``src`` to ``dst`` frame by frame through ``on_frame``, which returns
-        what to forward in the frame's place."""
+        what to forward in the frame's place; with ``held``, frames wait in its
+        ``pending`` while a hold is on (see :meth:`hold_produce`)."""
         try:
             while not self._cut:
                 try:
                     head = await src.readexactly(4)
                 except asyncio.IncompleteReadError as exc:
                     if exc.partial:
-                        dst.write(exc.partial)
+                        if held is not None and held.held:
+                            held.pending.append(exc.partial)
+                        else:
+                            dst.write(exc.partial)
                     break
                 (size,) = struct.unpack(">i", head)
                 if not 0 <= size <= _MAX_FRAME:  # not Kafka framing: copy bytes blindly
@@ -882,13 +977,22 @@ class TcpProxy:
                     await self._copy(src, dst)
                     break
                 frame = await src.readexactly(size)
-                for chunk in on_frame(head, frame):
+                chunks = on_frame(head, frame)
+                if held is not None and held.held:
+                    held.pending.extend(chunks)
+                    continue
+                for chunk in chunks:
                     dst.write(chunk)
                 await dst.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            _reset(dst) if self._cut else dst.close()
+            if self._cut:
+                _reset(dst)
+            elif held is not None and held.held:
+                held.ended = True  # the release forwards what is pending, then closes
+            else:
+                dst.close()
 
     async def _copy(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         while not self._cut:

@@ -218,6 +218,33 @@ def test_drop_oldest_on_a_full_spool_drops_its_oldest_rows_not_those_in_flight(
 
 
 @pytest.mark.parametrize(
+    ("may_arrive", "left"), [(False, [2, 3, 4, 5]), (True, [1, 2, 4, 5]), (None, [1, 2, 4, 5])]
+)
+def test_drop_oldest_keeps_the_rows_a_retired_client_may_still_deliver(
+    make_parts: Callable[..., Parts], may_arrive: bool | None, left: list[int]
+) -> None:
+    """Records a client handed back that it may have sent (True), or rows the replay had
+    handed to a client retired since (None), are not dropped to make room: the oldest of
+    the newer rows is; counted. Records that cannot arrive (False) go as the oldest."""
+    p = make_parts(when_full="drop_oldest", spool_max_bytes=4 * REC_BYTES)
+    if may_arrive is None:
+        queue(p, [1, 2])
+        p.custody.spool_pending(0)
+        p.custody.keep_rows(spooled(p.spool)[-1][0])  # a degrade: the replay's cursor
+    else:
+        for s in (1, 2):
+            p.custody.take_back(rec(s), may_arrive)
+        p.custody.spool_pending(0)
+    queue(p, [3])
+    p.custody.spool_pending(0)
+    queue(p, [4, 5])
+    assert not p.custody.spool_pending(0)  # the replay starts again from the first row
+    assert seqs_of(p.spool) == left
+    assert p.counts["dropped"] == 1
+    assert backlog(p) == []
+
+
+@pytest.mark.parametrize(
     ("policy", "error"), [("raise", SpoolFullError), ("block", BufferFullError)]
 )
 def test_raise_and_block_refuse_new_records_while_the_spool_is_full(

@@ -107,9 +107,9 @@ def test_a_failed_report_hands_the_record_to_custody_before_its_ticket_is_freed(
     p = make_parts()
     seen: list[tuple[int, int]] = []
 
-    def failed(r: Rec) -> None:
+    def failed(r: Rec, may_arrive: bool) -> None:
         seen.append((flight.outstanding(), len(p.custody.failed)))
-        p.custody.take_back(r)
+        p.custody.take_back(r, may_arrive)
 
     flight = InFlight(
         p.config,
