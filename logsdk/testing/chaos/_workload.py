@@ -146,11 +146,14 @@ def consumer_child(args: argparse.Namespace) -> int:
             super().process(batch)
 
         def stored_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-            """The stored offsets, and offset 0 for a partition with none: the broker
-            (Tansu, S3 storage) never deletes records, so every partition starts at 0,
-            while its answer to ListOffsets EARLIEST (``auto.offset.reset``) is the base
-            offset of the batch it stored first, above 0 when the producers' first
-            batches to a partition were stored out of order."""
+            """The stored offsets, and offset 0 for a partition with none: the run's
+            topic is new and nothing is deleted from it during a run (Tansu never
+            deletes; Apache Kafka's retention is days), so every partition starts at 0,
+            while Tansu's answer to ListOffsets EARLIEST (``auto.offset.reset``) is the
+            base offset of the batch it stored first, above 0 when the producers' first
+            batches to a partition were stored out of order. A start that was deleted
+            would be answered out of range, and the consumer would reset to the
+            earliest offset (``auto.offset.reset``)."""
             stored = super().stored_offsets(partitions)
             return {tp: stored.get(tp, 0) for tp in partitions}
 
