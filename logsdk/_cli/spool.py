@@ -34,7 +34,8 @@ from logsdk.spool import _readonly
 from logsdk.spool._check import check_spool_dir
 from logsdk.spool._codec import decode_headers
 from logsdk.spool._slots import is_free, slot_indexes, slot_path
-from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME
+from logsdk.spool._spool import DB_NAME, LOCK_NAME
+from logsdk.spool._state import read_state
 
 if TYPE_CHECKING:
     from logsdk.producer import LogProducer
@@ -299,14 +300,10 @@ def _slot_figures(conn: sqlite3.Connection) -> dict[str, Any]:
 def slot_status(directory: Path) -> dict[str, Any]:
     """What one slot holds, as a dict."""
     figures = read_slot(directory, _slot_figures)
-    try:
-        state = json.loads((directory / STATE_NAME).read_text())
-    except (OSError, ValueError):
-        state = {}
     files = [directory / f"{DB_NAME}{s}" for s in ("", "-wal")]
     return {
         "dir": str(directory),
-        "producer_id": state.get("producer_id") if isinstance(state, dict) else None,
+        "producer_id": read_state(directory).producer_id,
         "records": figures["records"],
         "bytes": figures["bytes"],
         "file_bytes": sum(f.stat().st_size for f in files if f.exists()),
@@ -489,10 +486,7 @@ def run_export(args: argparse.Namespace) -> int:
             path = slot_path(args.dir, index)
             if not (path / DB_NAME).is_file():
                 continue
-            try:
-                producer = json.loads((path / STATE_NAME).read_text()).get("producer_id")
-            except (OSError, ValueError, AttributeError):
-                producer = None
+            producer = read_state(path).producer_id
             write = functools.partial(
                 _export_rows, out=out, rejected=args.rejected, slot=index, producer=producer
             )

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import sqlite3
 from dataclasses import dataclass, field
@@ -55,7 +54,8 @@ from logsdk.errors import SpoolError
 from logsdk.spool import _readonly
 from logsdk.spool._readonly import FileId
 from logsdk.spool._slots import slot_indexes, slot_path
-from logsdk.spool._spool import DB_NAME, LOCK_NAME, STATE_NAME, check_private
+from logsdk.spool._spool import DB_NAME, LOCK_NAME, check_private
+from logsdk.spool._state import STATE_NAME, TMP_NAME, read_state, summary_of
 
 __all__ = ["CheckResult", "Finding", "SlotCheck", "check_slot", "check_spool_dir"]
 
@@ -66,7 +66,6 @@ NOTE: Severity = "note"
 #: Reads of a slot that changed under the check (a producer opening or closing it) before
 #: the check gives up on a stable picture of it.
 _ATTEMPTS = 3
-_SUMMARY_KEYS = ("count", "bytes", "garbage", "mark", "size", "mtime_ns", "ino")
 
 
 def one_line(text: str) -> str:
@@ -259,25 +258,8 @@ def _lock_pid(path: Path) -> int | None:
 def _read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """``state.json`` as a dict, or the reason it cannot be used (None: a link, which the
     file checks report)."""
-    file = path / STATE_NAME
-    try:
-        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None, f"no {STATE_NAME}: the next open takes the identity from the database"
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EMLINK):
-            return None, None
-        return None, f"{STATE_NAME} cannot be read: {exc.strerror}"
-    try:
-        with os.fdopen(fd, "rb") as f:
-            state = json.loads(f.read())
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        return None, f"{STATE_NAME} is not valid JSON ({exc})"
-    if not isinstance(state, dict) or not isinstance(state.get("producer_id"), str):
-        return None, f"{STATE_NAME} holds no producer_id"
-    if type(state.get("seq_reserved", 0)) is not int:
-        return None, f"seq_reserved in {STATE_NAME} is not an integer"
-    return state, None
+    found = read_state(path)
+    return found.state, None if found.found == "link" else found.problem
 
 
 def _read_db(db: Path, immutable: bool) -> _Snapshot:
@@ -444,7 +426,7 @@ def _check_files(path: Path, report: SlotCheck) -> None:
         check_private(path, directory=True)
     except SpoolError as exc:
         report.problem(str(exc))
-    names = [DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", STATE_NAME, LOCK_NAME, "state.tmp"]
+    names = [DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", STATE_NAME, LOCK_NAME, TMP_NAME]
     for name in names:
         try:
             check_private(path / name, missing_ok=True)
@@ -540,16 +522,17 @@ def _judge_summary(
     closed = state.get("closed") if state else None
     if closed is None:
         return "counts as found (no summary of a clean close)"
-    if not isinstance(closed, dict) or any(type(closed.get(k)) is not int for k in _SUMMARY_KEYS):
+    summary = summary_of(closed)
+    if summary is None:
         return "counts as found (the summary in state.json is malformed: not used at open)"
-    described = (closed["ino"], closed["size"], closed["mtime_ns"])
+    described = (summary["ino"], summary["size"], summary["mtime_ns"])
     # As the producer's open judges it: an empty WAL is no WAL.
     if db_stat is None or (wal_stat is not None and wal_stat[1]) or db_stat[:3] != described:
         return (
             f"counts as found (the summary of the last close no longer describes {DB_NAME}: "
             "not used at open)"
         )
-    said = (closed["count"], closed["bytes"], closed["mark"])
+    said = (summary["count"], summary["bytes"], summary["mark"])
     found = (snap.records, snap.bytes, snap.mark)
     if said != found:
         report.problem(

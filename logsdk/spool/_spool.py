@@ -20,7 +20,7 @@ Invariants:
   at 1): the producer's replay cursor and :meth:`Spool.delete_through` rely on it;
 - one live producer per directory (an exclusive ``flock`` on ``LOCK``);
 - the producer id and the sequence high-water mark live in ``state.json``
-  beside the database, written atomically, so they survive a corrupt database
+  beside the database (:mod:`logsdk.spool._state`), so they survive a corrupt database
   being moved aside;
 - ``PRAGMA quick_check`` and the scans that count the rows and their bytes read the whole
   file (about 0.2 s for 270 MB, measured): an open runs them unless ``state.json`` holds
@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import json
 import logging
 import os
 import sqlite3
@@ -72,11 +71,11 @@ from logsdk.spool._codec import (
     row_size,
     transpose,
 )
+from logsdk.spool._state import STATE_NAME, read_state, summary_of, write_state
 
 log = logging.getLogger("logsdk.spool")
 
 DB_NAME = "spool.db"
-STATE_NAME = "state.json"
 LOCK_NAME = "LOCK"
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _COLUMNS = "topic, key, value, headers, ts, seq, size"
@@ -95,8 +94,6 @@ _GARBAGE_BYTES = 64 << 20
 #: Bytes written or freed by commits after which a checkpoint is asked for: about SQLite's
 #: own default (wal_autocheckpoint=1000 pages of 4 KiB).
 _CHECKPOINT_BYTES = 4 << 20
-#: What a clean close leaves in state.json["closed"] (see the module docstring).
-_CLEAN_KEYS = ("count", "bytes", "garbage", "mark", "size", "mtime_ns", "ino")
 
 
 class _Checkpointer:
@@ -268,7 +265,7 @@ class Spool:
         self.unreadable_ids = 0
         self._lock_fd: int | None = None
         self._conn: sqlite3.Connection | None = None
-        self._state: dict[str, object] = {}
+        self._state: dict[str, Any] = {}
         self._chunks: list[tuple[int, str]] = []
         self._top_id = 0  # the highest id this spool has held since it was opened
         self._replayed_through = 0  # meta.replayed_through: every row <= it is acknowledged
@@ -591,28 +588,20 @@ class Spool:
 
     def _load_state(self) -> None:
         path = self.directory / STATE_NAME
-        self._state_trusted = False
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                state = json.loads(f.read())
-            if not isinstance(state, dict) or not isinstance(state.get("producer_id"), str):
-                raise ValueError("no producer_id")
-            if not isinstance(state.get("seq_reserved", 0), int):
-                raise ValueError("seq_reserved is not an integer")
-            self._state, self._state_trusted = state, True
-        except FileNotFoundError:
-            self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
-            self._write_state()
-        except (ValueError, UnicodeDecodeError, IsADirectoryError) as exc:
-            if path.is_symlink() or path.is_dir():
-                raise SpoolError(
-                    f"spool state {path} is a symbolic link or a directory: remove it"
-                ) from exc
-            # The database keeps a copy of the identity (_reconcile_identity): this fresh one
-            # stands only if it holds none.
-            log.error("spool state %s unreadable (%s); taking the identity from the database",
-                      path, exc)  # fmt: skip
+        found = read_state(self.directory)
+        self._state_trusted = found.state is not None
+        if found.state is not None:
+            self._state = found.state
+        elif found.found in ("link", "directory"):
+            raise SpoolError(f"spool state {path} is a symbolic link or a directory: remove it")
+        elif found.found == "unreadable":
+            raise SpoolError(f"spool state {path} cannot be used: {found.problem}")
+        else:
+            if found.found == "malformed":
+                # The database keeps a copy of the identity (_reconcile_identity): this
+                # fresh one stands only if it holds none.
+                log.error("spool state %s unreadable (%s); taking the identity from the "
+                          "database", path, found.problem)  # fmt: skip
             self._state = {"producer_id": uuid.uuid4().hex, "seq_reserved": 0}
             self._write_state()
         clean = self._state.pop("closed", None)
@@ -625,8 +614,7 @@ class Spool:
         except OSError as exc:
             log.warning("spool state %s not rewritten (%s); checking the whole file", path, exc)
             return
-        if isinstance(clean, dict) and all(type(clean.get(k)) is int for k in _CLEAN_KEYS):
-            self._clean = clean
+        self._clean = summary_of(clean)
 
     def _read_identity(self, conn: sqlite3.Connection) -> None:
         """Read the database's copy of the identity (in ``_connect_and_check``, so a damaged
@@ -677,21 +665,7 @@ class Spool:
             self.reserve_seq(reserved)
 
     def _write_state(self) -> None:
-        path = self.directory / STATE_NAME
-        tmp = path.with_suffix(".tmp")
-        data = json.dumps(self._state).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_state(self.directory, self._state)
 
     @property
     def producer_id(self) -> str:
