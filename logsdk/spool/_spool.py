@@ -38,7 +38,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import logging
 import os
@@ -60,7 +59,6 @@ from logsdk._owner import Owner
 from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
-from logsdk.spool import _readonly
 from logsdk.spool._codec import (
     ROW_OVERHEAD,
     Columns,
@@ -68,9 +66,9 @@ from logsdk.spool._codec import (
     Row,
     StoredRow,
     columns_bytes,
-    row_size,
     transpose,
 )
+from logsdk.spool._salvage import move_aside, salvage
 from logsdk.spool._state import STATE_NAME, read_state, summary_of, write_state
 
 log = logging.getLogger("logsdk.spool")
@@ -418,32 +416,21 @@ class Spool:
         """The database is damaged: move it aside (kept, named ``spool.db.corrupt-*``),
         start a fresh one, and copy into it every row that can still be read, under its
         own id (a replay in progress goes on over the same ids). Returns the connection."""
-        moved = self._move_aside()
+        moved = move_aside(self.db_path)
         self.corrupt_files_moved += 1
         self._clean = None
         try:
             conn = self._connect_and_check()
             try:
-                salvage = _salvage(moved, conn)
+                found = salvage(moved, conn)
             finally:
                 conn.close()
             conn = self._connect_and_check()  # the gauges, ids and seqs of what it holds now
         except sqlite3.Error as exc:
             raise SpoolError(f"cannot create a fresh spool {self.db_path}: {exc}") from exc
-        self.unreadable_ids += salvage.unreadable_ids
-        lost = ", ".join(f"{a}-{b}" for a, b in salvage.unreadable[:10])
-        log.error(
-            "spool %s is damaged (%s): set aside as %s; %d row(s) read from it into a fresh "
-            "spool and delivered as usual%s",
-            self.db_path,
-            why,
-            moved.name,
-            salvage.rows,
-            f"; rows with ids {lost}{' ...' if len(salvage.unreadable) > 10 else ''} "
-            f"({salvage.unreadable_ids} id(s)) could not be read and stay in that file"
-            if salvage.unreadable
-            else "",
-        )
+        self.unreadable_ids += found.unreadable_ids
+        log.error("spool %s is damaged (%s): set aside as %s; %s", self.db_path, why,
+                  moved.name, found)  # fmt: skip
         return conn
 
     def rebuild(self, why: str) -> None:
@@ -574,15 +561,6 @@ class Spool:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
-
-    def _move_aside(self) -> Path:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.directory / f"{DB_NAME}.corrupt-{stamp}-{uuid.uuid4().hex[:6]}"
-        for suffix in ("", "-wal", "-shm"):
-            src = self.directory / f"{DB_NAME}{suffix}"
-            if src.exists():
-                os.replace(src, f"{target}{suffix}")
-        return target
 
     # -- state (producer id, sequence high-water) -----------------------------------------
 
@@ -1039,142 +1017,6 @@ at_fork_in_child(_leave_locks_to_parent)
 def _spool_error(text: str, exc: sqlite3.Error) -> SpoolError:
     """The SpoolError for an SQLite error: :class:`SpoolCorruptError` when the file is damaged."""
     return SpoolCorruptError(text) if _looks_corrupt(exc) else SpoolError(text)
-
-
-@dataclasses.dataclass
-class Salvage:
-    """What :func:`_salvage` read from a damaged database."""
-
-    rows: int = 0
-    rejected: int = 0
-    #: Id ranges (first, last) that could not be read (rows may or may not have been there).
-    unreadable: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-
-    @property
-    def unreadable_ids(self) -> int:
-        return sum(b - a + 1 for a, b in self.unreadable)
-
-
-#: Rows read (and written) at a time by a salvage.
-_SALVAGE_BATCH = 1000
-
-
-def _salvage(src: Path, dst: sqlite3.Connection) -> Salvage:
-    """Copy every row of the damaged spool database ``src`` that can still be read into
-    ``dst`` (a fresh spool's connection), with its id, and the watermark; then the
-    rejected rows, if their table can be read whole.
-
-    Rows are read in id order, a batch at a time; where a read fails (a damaged page), the
-    next id from which reading works is found by probing ever further ahead, then
-    bisecting back, and the ids skipped are noted as unreadable. Nothing of ``src`` is
-    written: it is opened read-only (:mod:`logsdk.spool._readonly`, by the URI of its
-    absolute path), and stays where it is for inspection."""
-    out = Salvage()
-    ids = _readonly.file_ids(src)
-    # A WAL that holds commits is read through (mode=ro, which makes a missing -shm: the
-    # rows are worth that file); otherwise the file is read as it is, making no file.
-    immutable = ids[1] is None or ids[1][1] == 0
-    with contextlib.ExitStack() as stack:
-        try:
-            conn = stack.enter_context(_readonly.connect(src, immutable=immutable))
-        except sqlite3.Error as exc:
-            log.error("spool %s: cannot open it to salvage rows: %s", src, exc)
-            return out
-        try:
-            (mark,) = conn.execute(
-                "SELECT value FROM meta WHERE name = 'replayed_through'"
-            ).fetchone()
-            mark = int(mark)
-        except (sqlite3.Error, TypeError, ValueError):
-            mark = 0
-        dst.execute("UPDATE meta SET value = ? WHERE name = 'replayed_through'", (mark,))
-        after, limit = mark, _SALVAGE_BATCH
-        while True:
-            try:
-                rows = conn.execute(
-                    "SELECT id, topic, key, value, headers, ts, seq FROM records_all "
-                    "WHERE id > ? ORDER BY id LIMIT ?",
-                    (after, limit),
-                ).fetchall()
-            except sqlite3.Error:
-                if limit > 1:  # a row of this batch is unreadable: go on one row at a time
-                    limit = 1
-                    continue
-                # The very next row cannot be read: skip to where reading works again.
-                resume = _next_readable(conn, after)
-                if resume is None:  # nothing readable above: up to the last id, if known
-                    try:
-                        (top,) = conn.execute("SELECT max(id) FROM records_all").fetchone()
-                    except sqlite3.Error:
-                        top = None
-                    out.unreadable.append((after + 1, max(after + 1, int(top or 0))))
-                    break
-                out.unreadable.append((after + 1, resume))
-                after = resume
-                continue
-            if not rows:
-                break
-            dst.execute("BEGIN")
-            dst.executemany(
-                "INSERT INTO records_all (id, topic, key, value, headers, ts, seq, size) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(*r, row_size(r[1:])) for r in rows],
-            )
-            dst.execute("COMMIT")
-            out.rows += len(rows)
-            after = rows[-1][0]
-            if len(rows) < limit:
-                break
-            if limit < _SALVAGE_BATCH:  # past the damage: batches again, growing back
-                limit = min(_SALVAGE_BATCH, limit * 2)
-        try:
-            rejected = conn.execute(
-                "SELECT topic, key, value, headers, ts, seq, error, at FROM rejected"
-            ).fetchall()
-        except sqlite3.Error as exc:
-            log.error("spool %s: its rejected rows cannot be read (%s); left there", src, exc)
-        else:
-            dst.execute("BEGIN")
-            dst.executemany(
-                "INSERT INTO rejected (topic, key, value, headers, ts, seq, error, at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rejected,
-            )
-            dst.execute("COMMIT")
-            out.rejected = len(rejected)
-    return out
-
-
-def _next_readable(conn: sqlite3.Connection, after: int) -> int | None:
-    """A read of the rows above ``after`` failed: the smallest ``p > after`` found from
-    which a read works (rows above ``p`` can be read, or there are none), or None when
-    none works below 2^62."""
-
-    def works(p: int) -> bool:
-        try:
-            conn.execute(
-                "SELECT id FROM records_all WHERE id > ? ORDER BY id LIMIT 1", (p,)
-            ).fetchall()
-        except sqlite3.Error:
-            return False
-        return True
-
-    lo, step, hi = after, 1, None
-    while step < 1 << 62:
-        if works(after + step):
-            hi = after + step
-            break
-        lo = after + step
-        step *= 2
-    if hi is None:
-        return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if works(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 def _quick_check(conn: sqlite3.Connection) -> None:
