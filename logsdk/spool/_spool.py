@@ -29,10 +29,8 @@ Invariants:
   a row above the watermark exists exactly when the summary counts one). An
   open removes that summary (written, fsynced) before the database is touched, so a
   crash, a write by anything else, or a failed close always leads to a full check;
-- WAL checkpoints run on a thread of their own (:class:`_Checkpointer`, its own
-  connection), not inside the commits of the thread that writes: a checkpoint copies
-  pages back into the database file and fsyncs it, about half of the time a replay's
-  deletes took, and that thread is the producer's pump.
+- WAL checkpoints run on a thread of their own (:mod:`logsdk.spool._checkpoint`), not
+  inside the commits of the thread that writes (the producer's pump).
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ import logging
 import os
 import sqlite3
 import stat
-import threading
 import time
 import uuid
 import weakref
@@ -59,6 +56,7 @@ from logsdk._owner import Owner
 from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
+from logsdk.spool._checkpoint import Checkpointer
 from logsdk.spool._codec import (
     ROW_OVERHEAD,
     Columns,
@@ -88,58 +86,6 @@ _VIEW_SQL = (
 #: Bytes of acknowledged rows below the watermark past which an append deletes them first
 #: (a quarter of spool_max_bytes if that is smaller).
 _GARBAGE_BYTES = 64 << 20
-
-#: Bytes written or freed by commits after which a checkpoint is asked for: about SQLite's
-#: own default (wal_autocheckpoint=1000 pages of 4 KiB).
-_CHECKPOINT_BYTES = 4 << 20
-
-
-class _Checkpointer:
-    """Runs ``PRAGMA wal_checkpoint(PASSIVE)`` for one spool on a thread of its own.
-
-    The spool's own connection has ``wal_autocheckpoint=0`` and calls :meth:`request`
-    after commits; requests made while a checkpoint runs collapse into one more. The
-    connection is opened by the spool (so an error surfaces in ``open()``) and used only
-    by this thread afterwards. A PASSIVE checkpoint neither waits for nor blocks the
-    writer; SQLite restarts the WAL from its beginning at the next commit after one has
-    copied everything, so the WAL stays about as large as with automatic checkpoints.
-    A failed checkpoint is logged and retried at the next request: the data is safe in
-    the WAL meanwhile. :meth:`stop` joins the thread and closes its connection.
-    """
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-        self._want = threading.Event()
-        self._stopping = False
-        self.failures = 0
-        self._thread = threading.Thread(
-            target=self._run, name="logsdk-spool-checkpoint", daemon=True
-        )
-        self._thread.start()
-
-    def request(self) -> None:
-        self._want.set()
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._want.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        conn = self._conn
-        try:
-            while True:
-                self._want.wait()
-                self._want.clear()
-                if self._stopping:
-                    return
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:
-                    self.failures += 1
-                    log.warning("spool checkpoint failed (retried later): %s", exc)
-        finally:
-            conn.close()
 
 
 def _insert_sql(n: int) -> str:
@@ -268,8 +214,7 @@ class Spool:
         self._top_id = 0  # the highest id this spool has held since it was opened
         self._replayed_through = 0  # meta.replayed_through: every row <= it is acknowledged
         self._garbage = 0  # bytes of the rows <= the watermark still in records_all
-        self._checkpointer: _Checkpointer | None = None
-        self._unchecked = 0  # bytes committed since the last checkpoint request
+        self._checkpointer: Checkpointer | None = None
         self._clean: dict[str, int] | None = None  # the summary a clean close left
         self._state_trusted = False  # state.json was read whole at open
         self._db_identity: tuple[str, int] | None = None  # the database's copy of the id
@@ -305,27 +250,13 @@ class Spool:
 
     def _start_checkpointer(self) -> None:
         """Move WAL checkpoints to their own thread; without one, SQLite's own remain."""
-        try:
-            ck = gated_connect(self.db_path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            log.warning("spool checkpoints stay in the writing thread: %s", exc)
-            return
-        try:
-            # The checkpoint's fsyncs follow the checkpointing connection's setting.
-            ck.execute(f"PRAGMA synchronous={self.synchronous}")
-            self.conn.execute("PRAGMA wal_autocheckpoint=0")
-        except sqlite3.Error as exc:
-            ck.close()
-            log.warning("spool checkpoints stay in the writing thread: %s", exc)
-            return
-        self._checkpointer = _Checkpointer(ck)
+        self._checkpointer = Checkpointer.start(self.db_path, self.synchronous, self.conn)
 
     def _committed(self, nbytes: int) -> None:
-        """A write transaction committed about ``nbytes``: ask for a checkpoint now and then."""
-        self._unchecked += nbytes
-        if self._unchecked >= _CHECKPOINT_BYTES and self._checkpointer is not None:
-            self._unchecked = 0
-            self._checkpointer.request()
+        """A write transaction committed about ``nbytes``: the checkpointer decides when
+        to checkpoint."""
+        if self._checkpointer is not None:
+            self._checkpointer.committed(nbytes)
 
     def close(self) -> None:
         """Checkpoint and close the database and release the directory lock."""
