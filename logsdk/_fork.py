@@ -85,7 +85,7 @@ class AdminClient(confluent_kafka.admin.AdminClient):
 #: Held while a descriptor that carries an ``flock`` is being opened and registered (a
 #: spool's LOCK, a shm segment): ``fork()`` waits for it, so that no child is made between
 #: the open and the registration that lets the child close its copy (see
-#: ``logsdk.spool._spool._leave_locks_to_parent``). A flock belongs to the open file, so a
+#: ``logsdk.spool._dirlock._leave_locks_to_parent``). A flock belongs to the open file, so a
 #: copy made at any instant would hold the lock the parent takes a moment later.
 fork_guard = threading.Lock()
 

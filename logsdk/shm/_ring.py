@@ -693,7 +693,7 @@ _HELD: weakref.WeakSet[ShmRing] = weakref.WeakSet()
 
 def _leave_segments_to_parent() -> None:
     """In a forked child: close this process's copies of the descriptors that hold the
-    parent's segment locks (see ``logsdk.spool._spool._leave_locks_to_parent``: the same
+    parent's segment locks (see ``logsdk.spool._dirlock._leave_locks_to_parent``: the same
     rule for the same reason), so a dead parent's ring is free for the next producer
     whatever the child does after the fork."""
     for ring in list(_HELD):

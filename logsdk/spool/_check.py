@@ -12,7 +12,7 @@ does not) or ``"note"`` (what was found; nothing wrong). What is checked, per sl
 - every seq a row holds (``records_all`` and ``rejected``) below ``seq_reserved`` in
   ``state.json`` and in the ``identity`` table;
 - the identity in ``state.json`` and in the ``identity`` table agree;
-- the files: the rules of :func:`~logsdk.spool._spool.check_private`, and the corrupt
+- the files: the rules of :func:`~logsdk.spool._dirlock.check_private`, and the corrupt
   databases a producer moved aside (``spool.db.corrupt-*``), named.
 
 Invariants (of the check itself):
@@ -52,9 +52,10 @@ from typing import Any, Literal
 
 from logsdk.errors import SpoolError
 from logsdk.spool import _readonly
+from logsdk.spool._dirlock import LOCK_NAME, check_private
 from logsdk.spool._readonly import FileId
 from logsdk.spool._slots import slot_indexes, slot_path
-from logsdk.spool._spool import DB_NAME, LOCK_NAME, check_private
+from logsdk.spool._spool import DB_NAME
 from logsdk.spool._state import STATE_NAME, TMP_NAME, read_state, summary_of
 
 __all__ = ["CheckResult", "Finding", "SlotCheck", "check_slot", "check_spool_dir"]

@@ -26,7 +26,8 @@ from pathlib import Path
 from logsdk._fork import fork_guard
 from logsdk.errors import SpoolError, SpoolLockedError
 from logsdk.spool import _readonly
-from logsdk.spool._spool import DB_NAME, LOCK_NAME, Spool
+from logsdk.spool._dirlock import LOCK_NAME
+from logsdk.spool._spool import DB_NAME, Spool
 
 SLOTS_DIR = "slots"
 #: More slots than any host runs producers on one spool_dir: past it, something is wrong.

@@ -18,7 +18,8 @@ Invariants:
   per-partition order survives spill and replay;
 - while a spool is open its ids only grow, even when it empties (SQLite would restart
   at 1): the producer's replay cursor and :meth:`Spool.delete_through` rely on it;
-- one live producer per directory (an exclusive ``flock`` on ``LOCK``);
+- one live producer per directory (an exclusive ``flock`` on ``LOCK``:
+  :mod:`logsdk.spool._dirlock`);
 - the producer id and the sequence high-water mark live in ``state.json``
   beside the database (:mod:`logsdk.spool._state`), so they survive a corrupt database
   being moved aside;
@@ -36,14 +37,11 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
-import stat
 import time
 import uuid
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -51,11 +49,10 @@ from typing import Any
 
 import sqlite_utils
 
-from logsdk._fork import at_fork_in_child, fork_guard
 from logsdk._owner import Owner
 from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
-from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
+from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError
 from logsdk.spool._checkpoint import Checkpointer
 from logsdk.spool._codec import (
     ROW_OVERHEAD,
@@ -66,13 +63,13 @@ from logsdk.spool._codec import (
     columns_bytes,
     transpose,
 )
+from logsdk.spool._dirlock import DirLock, check_private
 from logsdk.spool._salvage import move_aside, salvage
 from logsdk.spool._state import STATE_NAME, read_state, summary_of, write_state
 
 log = logging.getLogger("logsdk.spool")
 
 DB_NAME = "spool.db"
-LOCK_NAME = "LOCK"
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _COLUMNS = "topic, key, value, headers, ts, seq, size"
 
@@ -133,46 +130,6 @@ def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """True for SQLITE_FULL / ENOSPC-style errors."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code == sqlite3.SQLITE_FULL or "disk is full" in str(exc) or "No space" in str(exc)
-
-
-def check_private(path: Path, missing_ok: bool = False, *, directory: bool = False) -> None:
-    """Refuse a spool dir or file another user could have written: owned by someone else,
-    writable by group or others, or (a file inside) a symbolic link or not a regular file.
-    Records in it are sent to Kafka with this process's credentials. The spool dir itself
-    may be a symbolic link (to a volume): what it points to is checked."""
-    try:
-        st = os.stat(path) if directory else os.lstat(path)
-    except FileNotFoundError:
-        if missing_ok:
-            return
-        raise SpoolError(f"{path} does not exist") from None
-    except OSError as exc:
-        raise SpoolError(f"cannot look at {path}: {exc}") from exc
-    if directory and not stat.S_ISDIR(st.st_mode):
-        raise SpoolError(f"spool dir {path} is not a directory")
-    if not directory and not stat.S_ISREG(st.st_mode):
-        raise SpoolError(
-            f"{path} is a symbolic link or not a regular file: logsdk never follows links "
-            "inside a spool dir; remove it"
-        )
-    if st.st_uid != os.geteuid():
-        raise SpoolError(
-            f"{path} is owned by uid {st.st_uid}, not by this process (uid {os.geteuid()}): "
-            "another user could have written the records it would send; use a directory "
-            "of your own (logsdk creates it, mode 0700)"
-        )
-    if st.st_mode & 0o022:
-        raise SpoolError(
-            f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
-            f"another user could plant records in it; chmod go-w {path}, or let logsdk "
-            "create a directory of its own (mode 0700)"
-        )
-
-
 class Spool:
     """A durable FIFO of records for one producer directory.
 
@@ -207,7 +164,7 @@ class Spool:
         self.corrupt_files_moved = 0
         #: Ids in ranges of a damaged database that could not be read (see rebuild()).
         self.unreadable_ids = 0
-        self._lock_fd: int | None = None
+        self._lock: DirLock | None = None
         self._conn: sqlite3.Connection | None = None
         self._state: dict[str, Any] = {}
         self._chunks: list[tuple[int, str]] = []
@@ -232,7 +189,7 @@ class Spool:
         except OSError as exc:
             raise SpoolError(f"cannot create spool dir {self.directory}: {exc}") from exc
         check_private(self.directory, directory=True)
-        self._take_lock()
+        self._lock = DirLock.take(self.directory)
         try:
             try:
                 self._load_state()
@@ -302,36 +259,10 @@ class Spool:
         """Path of the SQLite database."""
         return self.directory / DB_NAME
 
-    def _take_lock(self) -> None:
-        path = self.directory / LOCK_NAME
-        with fork_guard:  # no child may copy the descriptor before _LOCKED knows it
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            except OSError as exc:
-                raise SpoolError(f"cannot open the spool lock {path}: {exc}") from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                finally:
-                    os.close(fd)
-                raise SpoolLockedError(
-                    f"spool dir {self.directory} is in use by another LogProducer (pid "
-                    f"{owner}); give each producer its own spool_dir"
-                ) from None
-            self._lock_fd = fd
-            _LOCKED.add(self)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-
     def _release_lock(self) -> None:
-        _LOCKED.discard(self)
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def _open_db(self) -> sqlite3.Connection:
         for suffix in ("", "-wal", "-shm"):
@@ -920,29 +851,6 @@ class Spool:
             ).fetchone()
             self.count, self.bytes = int(c), int(b)
             self._gauges_exact = True
-
-
-#: Every spool holding its directory's lock in this process.
-_LOCKED: weakref.WeakSet[Spool] = weakref.WeakSet()
-
-
-def _leave_locks_to_parent() -> None:
-    """In a forked child: close this process's copies of the descriptors that hold the
-    parent's spool locks. A ``flock`` belongs to the open file, which fork shares with the
-    child: left open here, the parent's slot stays locked after the parent dies, for as
-    long as the child lives (a helper that never logs); unlocked here, it would be freed
-    under the live parent. Closing the child's copy does neither: the lock ends with the
-    parent. The child's inherited spools are never used again (a producer starts afresh
-    in a child, on a slot of its own)."""
-    for spool in list(_LOCKED):
-        fd, spool._lock_fd = spool._lock_fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    _LOCKED.clear()
-
-
-at_fork_in_child(_leave_locks_to_parent)
 
 
 def _spool_error(text: str, exc: sqlite3.Error) -> SpoolError:
