@@ -768,7 +768,7 @@ class LogProducer:
         use in the child starts afresh (``_restart_in_child``). Its clients, current and
         retired, are kept by :mod:`logsdk._fork` with every other client alive at the
         fork; the locks of its slot and ring are left to the parent (the child closes its
-        copies of their descriptors: logsdk.spool._spool, logsdk.shm._ring)."""
+        copies of their descriptors: logsdk.spool._dirlock, logsdk.shm._ring)."""
         bury(self._spool)
         bury(self._shm)
         for d in self._drains.forget():
