@@ -706,6 +706,8 @@ class LogProducer:
 
         ``slot``: the slot of ``spool_dir`` this producer holds (one per live process);
         ``draining_slots``: slots left by other processes it is delivering;
+        ``free_slot_records``: records in free slots it leaves alone while Kafka does not
+        answer (as counted at its last look);
         ``undelivered``: records not yet in Kafka, what free slots hold included (those
         it delivers, and those it leaves alone while Kafka does not answer, as counted at
         its last look): what :meth:`flush` waits for.
@@ -746,6 +748,7 @@ class LogProducer:
             "spool_unreadable": self._spool.unreadable_ids,
             "slot": self._slot,
             "draining_slots": len(self._drains.drains),
+            "free_slot_records": self._drains.waiting,
             "drained": drained,
             "drain_rejected": drain_rejected,
             "undelivered": self._undelivered(),
