@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 
 from logsdk._cli import bench, produce, spool, tail
-from logsdk._cli._common import UsageError
+from logsdk._cli._common import REPEATS, UsageError
 from logsdk._version import __version__
 from logsdk.errors import LogSDKError
 from logsdk.placement import _cli as placement_cli
@@ -160,6 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if debug else logging.WARNING,
         format="logsdk: %(levelname)s %(name)s: %(message)s",
     )
+    if not debug:  # a repeated line said once, with its count (REPEATS)
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(REPEATS)
     try:
         return int(args.func(args))
     except BrokenPipeError:
@@ -171,10 +174,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LogSDKError, OSError) as exc:
         if debug:
             raise
+        _say_repeats()
         print(f"logsdk: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        _say_repeats()
+
+
+def _say_repeats() -> None:
+    """How many times each folded line came again (once)."""
+    for line in REPEATS.summary():
+        print(f"logsdk: ({line})", file=sys.stderr)
+    REPEATS.clear()
 
 
 if __name__ == "__main__":

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import re
 import signal
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -113,5 +117,77 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def err(message: str) -> None:
-    """One line on stderr, prefixed like argparse's own messages."""
-    print(f"logsdk: {message}", file=sys.stderr, flush=True)
+    """One line on stderr, prefixed like argparse's own messages; a line that only repeats
+    one said in the last minute (numbers aside) is folded (:data:`REPEATS`)."""
+    if REPEATS.first(message):
+        print(f"logsdk: {message}", file=sys.stderr, flush=True)
+
+
+class RepeatFolder(logging.Filter):
+    """Says a line once, then counts its repeats: librdkafka says "Connect ... failed:
+    Connection refused" each time it retries (194 lines in 10 s against a broker that was
+    down). Two lines are the same when they differ only by their numbers, once the
+    client's and thread's names are set aside; the same line comes out again after
+    ``window`` seconds with the count of repeats, and :meth:`summary` says what was held
+    back when the command ends. As a logging filter it folds what goes through a handler;
+    :meth:`first` folds lines printed another way (a client's error callback). One
+    command runs on one main thread, but librdkafka's log lines come from its threads:
+    the table is guarded by a lock."""
+
+    def __init__(self, window: float = 60.0) -> None:
+        super().__init__()
+        self.window = window
+        self._lock = threading.Lock()
+        #: key -> [when last said, repeats since, the text as first said]
+        self._seen: dict[str, list[Any]] = {}
+
+    @staticmethod
+    def key(text: str) -> str:
+        """What two repeats of one line share: the text after librdkafka's
+        ``FAC [client] [thread]:`` prefix, its numbers replaced."""
+        body = text.rsplit("]: ", 1)[-1].removeprefix("warning: ")
+        body = _SUPPRESSED.sub("", body)  # librdkafka's own count of what it held back
+        return re.sub(r"\d+", "#", body)
+
+    def first(self, text: str) -> bool:
+        """True when ``text`` is to be said now: new, or a repeat after the window (then
+        with the count added by :meth:`filter`, or by the caller from :meth:`repeats`)."""
+        k = self.key(text)
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(k)
+            if seen is None:
+                self._seen[k] = [now, 0, text]
+                return True
+            if now - seen[0] >= self.window:
+                seen[0], seen[1] = now, 0
+                return True
+            seen[1] += 1
+            return False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.first(record.getMessage())
+
+    def clear(self) -> None:
+        """Forget what was said (after :meth:`summary` was printed)."""
+        with self._lock:
+            self._seen.clear()
+
+    def summary(self) -> list[str]:
+        """One line per folded line still owing its count."""
+        with self._lock:
+            return [
+                f"'{_short(text)}' came {n} more time(s)" for _, n, text in self._seen.values() if n
+            ]
+
+
+def _short(text: str, limit: int = 80) -> str:
+    body = text.rsplit("]: ", 1)[-1]
+    return body if len(body) <= limit else body[: limit - 3] + "..."
+
+
+_SUPPRESSED = re.compile(r",? ?\d+ identical error\(s\) suppressed")
+
+
+#: The command's folder of repeated lines (``main()`` puts it on the log handler).
+REPEATS = RepeatFolder()

@@ -289,7 +289,18 @@ def run(args: argparse.Namespace) -> int:
                 [args.topic], on_assign=on_assign, on_revoke=lambda c, _: unassign(c)
             )
         else:
-            md = consumer.list_topics(args.topic, timeout=10).topics.get(args.topic)
+            try:
+                md = consumer.list_topics(args.topic, timeout=10).topics.get(args.topic)
+            except KafkaException as exc:
+                if exc.args and exc.args[0].code() in (
+                    KafkaError._TRANSPORT,
+                    KafkaError._TIMED_OUT,
+                ):
+                    raise ConsumerError(
+                        f"no Kafka broker at {args.bootstrap} answered within 10 s: is it "
+                        "running, and is the address right?"
+                    ) from exc
+                raise
             if md is None or md.error is not None or not md.partitions:
                 why = md.error.str() if md is not None and md.error is not None else "no metadata"
                 raise ConsumerError(f"topic {args.topic!r} not found ({why})")

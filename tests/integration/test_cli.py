@@ -145,6 +145,19 @@ def test_tail_group_resumes_after_what_it_printed(
     assert "m0" not in second.stdout
 
 
+def test_tail_against_a_broker_that_is_down_says_so_in_a_few_lines() -> None:
+    """`logsdk tail` towards a port nobody listens on: exit 1 within its 10 s metadata
+    wait, one line saying no broker answered, librdkafka's repeated connection failure said
+    once with the count of its repeats (194 identical lines before)."""
+    out = cli("tail", "-t", "app-logs", "-b", f"127.0.0.1:{free_port()}", timeout=30)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("logsdk: error: no Kafka broker at 127.0.0.1:"), lines
+    assert len(lines) <= 6, lines
+    assert sum("Connection refused" in ln for ln in lines) <= 2, lines
+    assert any("more time(s)" in ln for ln in lines), lines
+
+
 def test_tail_unknown_topic_fails_cleanly(kafka_broker: KafkaTarget) -> None:
     """A missing topic: exit 1, one line on stderr, no traceback."""
     out = cli("tail", "-t", "no-such-topic-xyz", "-b", kafka_broker.bootstrap_servers)
