@@ -137,8 +137,13 @@ def _at(progress: dict[str, Any]) -> float:
 
 
 def _children(pid: int) -> list[int]:
+    """The children of ``pid`` (each thread's); none once it has exited."""
     out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out  # exited since it was listed (a Python worker, a task's process)
+    for task in tasks:
         try:
             out += [int(p) for p in (task / "children").read_text().split()]
         except OSError:
