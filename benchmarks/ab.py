@@ -30,6 +30,7 @@ import runpy, sys
 tree, script = sys.argv[1], sys.argv[2]
 sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("__editable__")]
 sys.path.insert(0, tree)
+sys.path.insert(1, script.rsplit("/", 1)[0])  # the script's own helpers (benchmarks/_brokers.py)
 import logsdk
 assert logsdk.__file__.startswith(tree), logsdk.__file__
 sys.argv = [script, *sys.argv[3:]]
