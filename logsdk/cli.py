@@ -160,9 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if debug else logging.WARNING,
         format="logsdk: %(levelname)s %(name)s: %(message)s",
     )
-    if not debug:  # a repeated line said once, with its count (REPEATS)
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(REPEATS)
+    # A repeated line said once, with its count (REPEATS); taken off again at the end, so
+    # that a caller running main() in its own process (a test) keeps its handlers as they were.
+    REPEATS.clear()
+    folded = [] if debug else list(logging.getLogger().handlers)
+    for handler in folded:
+        handler.addFilter(REPEATS)
     try:
         return int(args.func(args))
     except BrokenPipeError:
@@ -181,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         _say_repeats()
+        for handler in folded:
+            handler.removeFilter(REPEATS)
 
 
 def _say_repeats() -> None:
