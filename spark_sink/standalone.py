@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logsdk.testing._broker import free_port, spawn_logged
+from logsdk.testing._processes import free_port, spawn_logged
 from spark_sink._session import _LOG4J2
 
 if TYPE_CHECKING:

@@ -33,10 +33,11 @@ in-flight table and shm ring.
 
 from logsdk.testing._admin import create_topic, delete_topic, read_topic
 from logsdk.testing._apache import KAFKA_VERSION, ApacheKafka
-from logsdk.testing._broker import EmbeddedBroker, free_port, port_is_free, tansu_binary
+from logsdk.testing._broker import EmbeddedBroker, tansu_binary
 from logsdk.testing._check import DeliveryReport, check_delivery, identity
 from logsdk.testing._hooks import producer_hooks
 from logsdk.testing._mock import MockCluster
+from logsdk.testing._processes import free_port, port_is_free
 
 __all__ = [
     "KAFKA_VERSION",

@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Literal
 
 from logsdk._types import ClientConfig
 from logsdk.errors import BrokerError, BrokerStartError, ConfigError, PortInUseError
-from logsdk.testing._broker import ChildProcess, free_port, port_is_free, role_config
+from logsdk.testing._broker import role_config
 from logsdk.testing._jars import java_binary, maven_jars
+from logsdk.testing._processes import ChildProcess, free_port, port_is_free
 from logsdk.testing._proxy import TcpProxy
 
 if TYPE_CHECKING:
@@ -661,4 +662,4 @@ class ApacheKafka:
 def _kill_all() -> None:
     for cluster in list(_LIVE):
         with contextlib.suppress(Exception):
-            cluster._teardown(graceful=False)
+            cluster.stop(graceful=False)

@@ -77,7 +77,7 @@ S3_ENV = {
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """moto's S3 server on a free port, a bucket ``staging``; credentials in os.environ
     (the driver's chain; Spark executors started after this inherit them)."""
-    from logsdk.testing._broker import free_port, start_s3_server
+    from logsdk.testing._processes import free_port, start_s3_server
 
     port = free_port()
     log = tmp_path_factory.mktemp("s3") / "moto.log"
