@@ -27,6 +27,7 @@ from logsdk.consumer._fetcher import Fetcher, FetchSettings
 from logsdk.consumer._handler import Handler
 from logsdk.consumer._kafka import DeadLetterProducer, KafkaConsumerClient
 from logsdk.consumer._offsets import DEFAULT_METADATA_MAX_BYTES, OffsetMap
+from logsdk.consumer._rebalance import DEFAULT_REBALANCE, Protocol, apply_rebalance
 from logsdk.consumer._records import Record
 from logsdk.consumer._workers import Counters, Dispatcher, Runner, WorkerPool
 from logsdk.errors import ConfigError, ConsumerError
@@ -81,6 +82,15 @@ class LogConsumer:
     called once per record, or for ``semantics="exactly_once"`` a
     :class:`~logsdk.TransactionalHandler`.
 
+    ``rebalance`` is the group protocol: ``"cooperative"`` (the classic protocol with the
+    cooperative-sticky assignor: a rebalance takes only the partitions that move),
+    ``"consumer"`` (Kafka 4's consumer group protocol, KIP-848: the broker assigns; the
+    broker must support it) or ``"eager"`` (range/roundrobin: every rebalance takes every
+    partition). Either way a revocation drains only the partitions revoked: their
+    in-flight batches finish (or, exactly once, roll back past ``rebalance_timeout``),
+    their done offsets are committed and their queued records dropped; partitions lost
+    (the member was fenced) are never committed.
+
     :meth:`start`, :meth:`stop`, :meth:`run` and :meth:`stats` may be called from any
     thread; a start and a stop never overlap (a stop during a start waits for it).
     """
@@ -104,6 +114,7 @@ class LogConsumer:
         executor: str = "thread",
         commit_interval: float = 1.0,
         rebalance_timeout: float = 10.0,
+        rebalance: str = DEFAULT_REBALANCE,
         kafka_config: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         config: ClientConfig = dict(kafka_config or {})
@@ -133,14 +144,7 @@ class LogConsumer:
             if key in config and str(config[key]).lower() != str(forced).lower():
                 raise ConfigError(f"kafka_config[{key!r}] is managed by LogConsumer; remove it")
             config[key] = forced
-        strategy = str(config.get("partition.assignment.strategy", "")).lower()
-        if "cooperative" in strategy or str(config.get("group.protocol", "")).lower() == "consumer":
-            # The rebalance callbacks assign and unassign whole assignments (eager).
-            raise ConfigError(
-                "incremental (cooperative) rebalancing is not supported: remove "
-                "kafka_config['partition.assignment.strategy'] = cooperative-sticky and "
-                "group.protocol = consumer (LogConsumer uses the eager range/roundrobin protocol)"
-            )
+        protocol = apply_rebalance(config, rebalance)
         config.setdefault("auto.offset.reset", "earliest")
         # librdkafka's own prefetch buffer counts towards memory too: keep it within the bound.
         config.setdefault("queued.max.messages.kbytes", max(1024, min(65536, queue_bytes // 2048)))
@@ -205,6 +209,7 @@ class LogConsumer:
                 "pass semantics='exactly_once', or it never commits what process() stages"
             )
         self._config = config
+        self._protocol: Protocol = protocol
         self._handler: Handler = handler  # type: ignore[assignment]
         self._topics = list(topics)
         self._workers = workers
@@ -232,6 +237,7 @@ class LogConsumer:
             exactly_once=exactly_once,
             metadata_max_bytes=DEFAULT_METADATA_MAX_BYTES,
             max_batch=max_batch,
+            rebalance=protocol.name,
         )
         self._max_batch = max_batch
         self._counters = Counters()
@@ -348,6 +354,7 @@ class LogConsumer:
             fetcher.on_revoke,
             fetcher.on_lost,
             fetcher.pause_new_partitions,
+            incremental=self._protocol.incremental,
         )
 
     def _fail(self, exc: BaseException) -> None:
@@ -493,6 +500,7 @@ class LogConsumer:
             else f"{type(self._error).__name__}: {self._error}",
             "semantics": "exactly_once" if self._exactly_once else "at_least_once",
             "ordering": self._ordering,
+            "rebalance": self._protocol.name,
             "fetched": c.get("fetched", 0),
             "processed": c.get("processed", 0),
             "skipped": c.get("skipped", 0),
@@ -507,6 +515,7 @@ class LogConsumer:
             "metadata_truncated": c.get("metadata_truncated", 0),
             "assignments": c.get("assignments", 0),
             "revocations": c.get("revocations", 0),
+            "partitions_revoked": c.get("partitions_revoked", 0),
             "lost": c.get("lost", 0),
             "paused": c.get("paused", 0),
             "resumed": c.get("resumed", 0),

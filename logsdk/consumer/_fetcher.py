@@ -40,6 +40,10 @@ class FetchSettings:
     pause_after: float = 0.5
     #: The most records a handler call gets: a longer run is queued as several chunks.
     max_batch: int = 1 << 30
+    #: The group protocol (logsdk.consumer._rebalance.REBALANCES), for what is logged.
+    rebalance: str = "eager"
+    #: Seconds after start without any partition before a warning (rebalance="consumer").
+    unassigned_warning: float = 30.0
 
 
 class Fetcher:
@@ -91,6 +95,8 @@ class Fetcher:
         self._bytes_high = settings.queue_bytes - settings.queue_bytes // 10
         self._bytes_low = settings.queue_bytes // 2
         self._avg_bytes = 0.0  # bytes per record polled (moving average; 0: none yet)
+        # When to say that no partition came (see _warn_unassigned); None: said, or moot.
+        self._unassigned_check: float | None = None
         self._client = client_factory(self)
         self._closed = False  # close() ran (LogConsumer's life-cycle lock serialises it)
         self._thread = threading.Thread(target=self._run, name="logsdk-fetch", daemon=True)
@@ -148,6 +154,8 @@ class Fetcher:
 
     def _run(self) -> None:
         next_commit = time.monotonic() + self._s.commit_interval
+        if self._s.rebalance == "consumer":
+            self._unassigned_check = time.monotonic() + self._s.unassigned_warning
         try:
             while not self._stop.is_set():
                 self._apply_rewinds()
@@ -168,6 +176,8 @@ class Fetcher:
                     self._commit(force=False)
                     self._refresh_watermarks()
                     next_commit = now + self._s.commit_interval
+                    if self._unassigned_check is not None and now >= self._unassigned_check:
+                        self._warn_unassigned()
         except BaseException as exc:
             self._on_fatal(exc)
         finally:
@@ -358,6 +368,22 @@ class Fetcher:
                 "contiguous low mark (records done out of order may be processed again)"
             )
 
+    def _warn_unassigned(self) -> None:
+        """Once: no partition yet under the consumer group protocol. librdkafka says
+        nothing when the broker lacks it (it retries ConsumerGroupHeartbeat for ever, and
+        logs why only with debug=cgrp): the member would wait in silence."""
+        self._unassigned_check = None
+        if self._counters.snapshot().get("assignments", 0) == 0:
+            log.warning(
+                "no partition assigned %.0fs after subscribing to %s with rebalance='consumer': "
+                "the broker may lack the consumer group protocol (KIP-848: Apache Kafka 4.0+; "
+                "librdkafka's debug=cgrp log says 'ConsumerGroupHeartbeatRequest not "
+                "supported'), then use rebalance='cooperative'; or the group has more members "
+                "than partitions",
+                self._s.unassigned_warning,
+                self._s.topics,
+            )
+
     def _refresh_watermarks(self) -> None:
         hw = {}
         for tp in self.assigned():
@@ -400,7 +426,12 @@ class Fetcher:
         return starts
 
     def on_revoke(self, tps: list[TopicPartition]) -> None:
+        """Drain ``tps`` (only those: under an incremental protocol the rest keep flowing):
+        drop their queued records, let their in-flight batches finish within the budget,
+        commit their done offsets, then fence them (an exactly-once batch still running
+        then is rolled back when it tries to commit)."""
         self._counters.add("revocations")
+        self._counters.add("partitions_revoked", len(tps))
         budget = self._s.rebalance_timeout
         if self._stop.is_set():
             budget = min(budget, max(0.0, self._stop_deadline - time.monotonic()))
@@ -424,6 +455,7 @@ class Fetcher:
         log.info("revoked %s", tps)
 
     def on_lost(self, tps: list[TopicPartition]) -> None:
+        """Forget ``tps`` without committing anything: another member owns them already."""
         self._counters.add("lost")
         self._d.drop(set(tps))
         for tp in tps:

@@ -55,6 +55,19 @@ AssignCallback = Callable[[list[TopicPartition]], "dict[TopicPartition, int | No
 # Errors that librdkafka recovers from by itself; counted and logged, never fatal.
 _QUIET = {KafkaError._PARTITION_EOF}
 
+#: What a member refused by its group because of the group's protocol is told.
+_MIXED_PROTOCOLS = (
+    "the group's members run another rebalance protocol (eager and cooperative assignors "
+    "never share a group): this member waits outside it until they have left; give every "
+    "member the same rebalance="
+)
+_NOT_CONVERTED = (
+    "; the broker would not take this consumer-protocol member into its group: Kafka 4.1 "
+    "refuses to convert a group of librdkafka's cooperative-sticky members ('userData from a "
+    "custom assignor would be lost' in its log): stop every member of the group, then start "
+    "them all with rebalance='consumer'"
+)
+
 
 def to_columns(msgs: list[Message]) -> RecordColumns:
     """The fields of fetched messages, column by column (C-level ``map`` calls)."""
@@ -122,8 +135,9 @@ class Run:
         return [Run(self.tp, msgs[i : i + limit]) for i in range(0, len(msgs), limit)]
 
 
-def unassign(consumer: Consumer) -> None:
-    """End a revoke (or loss) in the rebalance callback itself (eager protocol).
+def unassign(consumer: Consumer, partitions: list[KafkaTopicPartition] | None = None) -> None:
+    """End a revoke (or loss) in the rebalance callback itself: ``unassign()`` (eager), or
+    ``incremental_unassign(partitions)`` (cooperative and consumer protocols).
 
     Left to confluent-kafka, its fallback first asks librdkafka for the rebalance
     protocol, a call that can block for ever inside ``close()`` (librdkafka issue 4041),
@@ -131,7 +145,10 @@ def unassign(consumer: Consumer) -> None:
     ``Consumer.close()`` -> rebalance_cb -> ``rd_kafka_rebalance_protocol``.
     """
     try:
-        consumer.unassign()
+        if partitions is None:
+            consumer.unassign()
+        else:
+            consumer.incremental_unassign(partitions)
     except (KafkaException, RuntimeError) as exc:
         log.warning("unassign in the revoke callback failed: %s", exc)
 
@@ -146,6 +163,11 @@ class KafkaConsumerClient:
     once that thread has ended). The rebalance callbacks run inside :meth:`poll` and
     :meth:`close`, on the owner. ``errors`` and ``last_error`` are written by the owner
     only (published gauges: any thread may read them).
+
+    ``incremental``: the group's protocol hands out deltas (cooperative-sticky, or the
+    consumer group protocol): the callbacks get the partitions added or taken, and answer
+    with ``incremental_assign`` / ``incremental_unassign``; else whole assignments,
+    answered with ``assign`` / ``unassign`` (eager).
     """
 
     def __init__(
@@ -155,8 +177,11 @@ class KafkaConsumerClient:
         on_revoke: Callable[[list[TopicPartition]], None],
         on_lost: Callable[[list[TopicPartition]], None],
         start_paused: Callable[[], bool],
+        *,
+        incremental: bool = False,
     ) -> None:
         self._on_assign = on_assign
+        self._incremental = incremental
         self._start_paused = start_paused
         reset = str(config.get("auto.offset.reset", "latest")).lower()
         self._reset = OFFSET_END if reset in ("latest", "largest", "end") else OFFSET_BEGINNING
@@ -176,18 +201,26 @@ class KafkaConsumerClient:
 
     def _assign_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         self.owner.check("serve an assignment")
-        tps = [(p.topic, p.partition) for p in partitions]
-        starts = self._on_assign(tps)
-        for p in partitions:
-            tp = (p.topic, p.partition)
-            if tp in starts:
-                start = starts[tp]
-                p.offset = self._reset if start is None else start
-        consumer.assign(partitions)
+        if partitions:
+            starts = self._on_assign([(p.topic, p.partition) for p in partitions])
+            for p in partitions:
+                tp = (p.topic, p.partition)
+                if tp in starts:
+                    start = starts[tp]
+                    p.offset = self._reset if start is None else start
+        # Answered here, never left to confluent-kafka's fallback (see unassign()); an
+        # incremental protocol hands over only the partitions added (often none).
+        if self._incremental:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        if not partitions:
+            return
         # librdkafka keeps a partition's pause through unassign and assign: one paused
         # when it was last owned (the queue was full when it was revoked or lost) would
         # never be fetched again. Every new partition gets the fetcher's state now:
-        # paused like the others while the queue is full, else resumed.
+        # paused like the others while the queue is full, else resumed. Partitions kept
+        # through an incremental rebalance keep the state the fetcher gave them.
         if self._start_paused():
             consumer.pause(partitions)
         else:
@@ -196,16 +229,18 @@ class KafkaConsumerClient:
     def _revoke_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         self.owner.check("serve a revocation")
         try:
-            self._on_revoke([(p.topic, p.partition) for p in partitions])
+            if partitions:
+                self._on_revoke([(p.topic, p.partition) for p in partitions])
         finally:
-            unassign(consumer)
+            unassign(consumer, partitions if self._incremental else None)
 
     def _lost_cb(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         self.owner.check("serve a lost assignment")
         try:
-            self._on_lost([(p.topic, p.partition) for p in partitions])
+            if partitions:
+                self._on_lost([(p.topic, p.partition) for p in partitions])
         finally:
-            unassign(consumer)
+            unassign(consumer, partitions if self._incremental else None)
 
     def subscribe(self, topics: Sequence[str]) -> None:
         self.owner.check("subscribe")
@@ -273,7 +308,13 @@ class KafkaConsumerClient:
         self.errors += 1
         self.last_error = err.str()
         if err.fatal():
-            raise ConsumerError(f"fatal Kafka consumer error: {err.str()}")
+            hint = _NOT_CONVERTED if "ConsumerGroupHeartbeat" in err.str() else ""
+            raise ConsumerError(f"fatal Kafka consumer error: {err.str()}{hint}")
+        if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+            log.warning(
+                "consumer error (librdkafka retries it): %s: %s", err.str(), _MIXED_PROTOCOLS
+            )
+            return
         log.warning("consumer error (librdkafka retries it): %s", err.str())
 
     # -- flow control -------------------------------------------------------------------

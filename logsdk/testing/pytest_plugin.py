@@ -13,6 +13,9 @@ Fixtures:
   the reason, when ``LOGSDK_TEST_BOOTSTRAP`` points at an external cluster.
 - ``apache_kafka`` (session): Apache Kafka itself, one KRaft node
   (:class:`~logsdk.testing.ApacheKafka`), as a :class:`KafkaTarget`.
+- ``apache_cluster`` (session): Apache Kafka, three KRaft nodes, shared by every test of
+  the session (each xdist worker) that asks for it; a test must leave its nodes running
+  (kill, stop, pause or cut nodes on a cluster of ``apache_cluster_factory``).
 - ``apache_cluster_factory`` (function): a factory of started
   :class:`~logsdk.testing.ApacheKafka` clusters (three nodes unless told) that the test
   may kill, pause, restart or cut off; killed at the end of the test, their logs kept
@@ -267,6 +270,21 @@ def apache_kafka() -> Iterator[KafkaTarget]:
         yield target
     finally:
         target.close()
+
+
+@pytest.fixture(scope="session")
+def apache_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKafka]:
+    """Apache Kafka, three KRaft nodes, shared by the session's tests (never kill its
+    nodes: use ``apache_cluster_factory`` for that)."""
+    cluster = ApacheKafka(
+        3,
+        workdir=tmp_path_factory.mktemp("kafka-shared", numbered=True),
+        jvm_options=TEST_JVM_OPTIONS,
+    ).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop(graceful=False)  # its data and logs are kept under the session's tmp
 
 
 _FIXTURE_OF_KIND = {"broker": "kafka_broker", "mock": "mock_cluster", "apache": "apache_kafka"}

@@ -1,21 +1,26 @@
 """The consumer process of the kill tests.
 
-``python consumer_child.py MODE BOOTSTRAP TOPIC GROUP DB``
+``python consumer_child.py MODE BOOTSTRAP TOPIC GROUP DB [REBALANCE [RATE]]``
 
 MODE ``alo``: at-least-once; the handler appends every processed (partition, offset) to
 the SQLite file DB (one transaction per batch), duplicates included.
 MODE ``eos``: exactly-once into SQLiteSink(DB), with a handler that fails at random.
-Runs until SIGTERM (graceful) or SIGKILL.
+REBALANCE: LogConsumer's ``rebalance`` (its default when left out). RATE: eos only, at most
+this many records a second per worker (the handler takes that long), so that a run of
+records outlasts the group changes a test makes.
+Runs until SIGTERM (graceful: then prints its ``stats()`` as one JSON line) or SIGKILL.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from logsdk import LogConsumer, Record
 from logsdk.consumer import TopicPartition
@@ -46,10 +51,13 @@ class FlakySink(SQLiteSink):
     """SQLiteSink whose process() and commit() fail at random (before writing anything)."""
 
     rng = random.Random()
+    rate = 0.0  # records/s per worker: 0 is as fast as it goes
 
     def process(self, records: Sequence[Record]) -> None:
         if self.rng.random() < 0.05:
             raise RuntimeError("random handler failure in process")
+        if self.rate:
+            time.sleep(len(records) / self.rate)
         super().process(records)
 
     def commit(self, offsets: dict[TopicPartition, int]) -> None:
@@ -60,14 +68,25 @@ class FlakySink(SQLiteSink):
 
 def main() -> None:
     mode, bootstrap, topic, group, db = sys.argv[1:6]
-    kafka_config = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
+    options: dict[str, Any] = {}
+    if len(sys.argv) > 6:
+        options["rebalance"] = sys.argv[6]
+    # Under the consumer group protocol the broker sets the session's timings.
+    kafka_config: dict[str, str | int] = (
+        {}
+        if options.get("rebalance") == "consumer"
+        else {"session.timeout.ms": 2000, "heartbeat.interval.ms": 300}
+    )
     if mode == "alo":
         handler: object = Progress(db)
         semantics = "at_least_once"
     else:
-        handler = FlakySink(db)
+        sink = FlakySink(db)
+        if len(sys.argv) > 7:
+            sink.rate = float(sys.argv[7])
+        handler = sink
         semantics = "exactly_once"
-    LogConsumer(
+    consumer = LogConsumer(
         bootstrap_servers=bootstrap,
         group_id=group,
         topics=[topic],
@@ -77,7 +96,10 @@ def main() -> None:
         max_retries=50,
         retry_backoff=0.005,
         kafka_config=kafka_config,
-    ).run()
+        **options,
+    )
+    consumer.run()
+    print(json.dumps(consumer.stats()), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,15 +68,72 @@ def test_public_names() -> None:
         # at-least-once never calls commit(): what process() staged would never be written
         ({"handler": Staging()}, "semantics='exactly_once'"),
         ({"kafka_config": {"enable.auto.commit": True}}, "managed by LogConsumer"),
-        # the rebalance callbacks assign and unassign whole assignments (eager protocol)
-        ({"kafka_config": {"partition.assignment.strategy": "cooperative-sticky"}}, "cooperative"),
-        ({"kafka_config": {"group.protocol": "consumer"}}, "cooperative"),
+        ({"rebalance": "sticky"}, "rebalance must be one of"),
+        # Each property a protocol refuses (librdkafka 2.16 refuses the four of
+        # group.protocol=consumer itself) or contradicts is named.
+        *(
+            ({"rebalance": "consumer", "kafka_config": {key: value}}, f"'{key}'.*rebalance")
+            for key, value in (
+                ("partition.assignment.strategy", "range"),
+                ("session.timeout.ms", 3000),
+                ("heartbeat.interval.ms", 300),
+                ("group.protocol.type", "consumer"),
+            )
+        ),
+        (
+            {"rebalance": "eager", "kafka_config": {"group.remote.assignor": "uniform"}},
+            "'group.remote.assignor'",
+        ),
+        (
+            {"kafka_config": {"partition.assignment.strategy": "roundrobin"}},
+            "'partition.assignment.strategy'.*rebalance='eager'",
+        ),
+        (
+            {
+                "rebalance": "eager",
+                "kafka_config": {"partition.assignment.strategy": "range,cooperative-sticky"},
+            },
+            "'partition.assignment.strategy'.*rebalance='cooperative'",
+        ),
+        (
+            {"kafka_config": {"group.protocol": "consumer"}},
+            "'group.protocol'.*rebalance='consumer'",
+        ),
+        (
+            {"rebalance": "consumer", "kafka_config": {"group.protocol": "classic"}},
+            "'group.protocol'",
+        ),
     ],
 )
 def test_bad_arguments_raise_config_error(change: dict[str, Any], message: str) -> None:
     """Each bad argument raises ConfigError naming what to change, before any I/O."""
     with pytest.raises(ConfigError, match=message):
         LogConsumer(**{**BASE, **change})
+
+
+@pytest.mark.parametrize(
+    ("rebalance", "kafka_config"),
+    [
+        ("eager", {}),
+        ("eager", {"partition.assignment.strategy": "roundrobin", "session.timeout.ms": 3000}),
+        ("eager", {"partition.assignment.strategy": "range, roundrobin"}),
+        ("cooperative", {"partition.assignment.strategy": "cooperative-sticky"}),
+        ("cooperative", {"group.protocol": "classic", "heartbeat.interval.ms": 300}),
+        ("consumer", {"group.remote.assignor": "uniform", "group.protocol": "consumer"}),
+    ],
+)
+def test_each_rebalance_protocol_takes_its_own_settings(
+    rebalance: str, kafka_config: dict[str, Any]
+) -> None:
+    """What each protocol allows is accepted (the same value rebalance sets included), and
+    ``stats()`` names the protocol."""
+    c = LogConsumer(**{**BASE, "rebalance": rebalance, "kafka_config": kafka_config})
+    assert c.stats()["rebalance"] == rebalance
+
+
+def test_default_rebalance_is_cooperative() -> None:
+    """Without ``rebalance``, the cooperative-sticky assignor of the classic protocol."""
+    assert LogConsumer(**BASE).stats()["rebalance"] == "cooperative"
 
 
 def test_function_handler_and_stop_before_start() -> None:
