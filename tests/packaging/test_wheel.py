@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,11 @@ def test_built_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     assert len(wheels) == 1, list(dist.iterdir())
     assert len(sdists) == 1, list(dist.iterdir())
     assert __version__ in wheels[0].name
+    # The poms Maven fetches the JVM parts of logsdk.testing with (Apache Kafka, Spark's
+    # connectors) ship in the wheel: the fixtures need them where there is no checkout.
+    shipped = set(zipfile.ZipFile(wheels[0]).namelist())
+    for pom in ("apache_kafka", "spark_kafka", "hadoop_aws"):
+        assert f"logsdk/testing/{pom}/pom.xml" in shipped, pom
     _run(sys.executable, "-m", "twine", "check", "--strict", *wheels, *sdists)
     venv = tmp_path / "venv"
     py = venv / "bin" / "python"
