@@ -33,9 +33,9 @@ from logsdk.errors import SpoolError
 from logsdk.spool import _readonly
 from logsdk.spool._check import check_spool_dir
 from logsdk.spool._codec import decode_headers
+from logsdk.spool._database import DB_NAME
 from logsdk.spool._dirlock import LOCK_NAME
 from logsdk.spool._slots import is_free, slot_indexes, slot_path
-from logsdk.spool._spool import DB_NAME
 from logsdk.spool._state import read_state
 
 if TYPE_CHECKING:

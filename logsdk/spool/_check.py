@@ -52,10 +52,10 @@ from typing import Any, Literal
 
 from logsdk.errors import SpoolError
 from logsdk.spool import _readonly
+from logsdk.spool._database import DB_NAME
 from logsdk.spool._dirlock import LOCK_NAME, check_private
 from logsdk.spool._readonly import FileId
 from logsdk.spool._slots import slot_indexes, slot_path
-from logsdk.spool._spool import DB_NAME
 from logsdk.spool._state import STATE_NAME, TMP_NAME, read_state, summary_of
 
 __all__ = ["CheckResult", "Finding", "SlotCheck", "check_slot", "check_spool_dir"]

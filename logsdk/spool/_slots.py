@@ -26,8 +26,9 @@ from pathlib import Path
 from logsdk._fork import fork_guard
 from logsdk.errors import SpoolError, SpoolLockedError
 from logsdk.spool import _readonly
+from logsdk.spool._database import DB_NAME
 from logsdk.spool._dirlock import LOCK_NAME
-from logsdk.spool._spool import DB_NAME, Spool
+from logsdk.spool._spool import Spool
 
 SLOTS_DIR = "slots"
 #: More slots than any host runs producers on one spool_dir: past it, something is wrong.

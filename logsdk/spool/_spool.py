@@ -47,15 +47,11 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from logsdk._owner import Owner
-from logsdk._sqlite import connect as gated_connect
 from logsdk._sqlparams import blob_params
-from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError
+from logsdk.errors import ConfigError, SpoolError
 from logsdk.spool._checkpoint import Checkpointer
 from logsdk.spool._codec import (
-    ROW_OVERHEAD,
     Columns,
     ReplayRow,
     Row,
@@ -63,55 +59,24 @@ from logsdk.spool._codec import (
     columns_bytes,
     transpose,
 )
+from logsdk.spool._database import (
+    DB_NAME,
+    SYNCHRONOUS,
+    Opened,
+    looks_corrupt,
+    open_database,
+    spool_error,
+)
 from logsdk.spool._dirlock import DirLock, check_private
 from logsdk.spool._salvage import move_aside, salvage
 from logsdk.spool._state import STATE_NAME, read_state, summary_of, write_state
 
 log = logging.getLogger("logsdk.spool")
 
-DB_NAME = "spool.db"
-SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-_COLUMNS = "topic, key, value, headers, ts, seq, size"
 
-
-#: The view of the rows in custody, the table behind it, and the watermark below which a
-#: replay has acknowledged every row (see the module docstring).
-_VIEW_SQL = (
-    "CREATE VIEW records AS SELECT * FROM records_all WHERE id > "
-    "coalesce((SELECT value FROM meta WHERE name = 'replayed_through'), 0)"
-)
 #: Bytes of acknowledged rows below the watermark past which an append deletes them first
 #: (a quarter of spool_max_bytes if that is smaller).
 _GARBAGE_BYTES = 64 << 20
-
-
-def _insert_sql(n: int) -> str:
-    """An ``n``-row INSERT with plain ``?`` placeholders, row by row: each row's id, its 6
-    fields, and its size computed from them. (Numbered placeholders such as ``?1`` warn
-    with a sequence of parameters on CPython 3.12.0-3.12.3, an error under ``-W error``.)"""
-    size = " + ".join(f"ifnull(length(column{c}), 0)" for c in (3, 4, 5))
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * n)
-    return (
-        f"INSERT INTO records_all (id, {_COLUMNS}) SELECT column1, column2, column3, "
-        f"column4, column5, column6, column7, {ROW_OVERHEAD} + {size} FROM (VALUES {values})"
-    )
-
-
-#: Rows per multi-row INSERT, largest first (7 parameters a row: 1000 rows stay under
-#: SQLite's default limit of 32766 parameters; a build with a lower one skips them). Not
-#: more: preparing the statement grows with the square of its rows (with numbered
-#: placeholders, measured: 1000 rows 0.1 s once per connection, 5000 rows 2.6 s).
-_INSERT_CHUNKS = (1000, 100, 10, 1)
-#: The columns a record has in both the ``records`` and the ``rejected`` table.
-_RECORD_COLUMNS: dict[str, type] = {
-    "id": int,
-    "topic": str,
-    "key": bytes,
-    "value": bytes,
-    "headers": bytes,
-    "ts": int,
-    "seq": int,
-}
 
 
 def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
@@ -268,9 +233,9 @@ class Spool:
         for suffix in ("", "-wal", "-shm"):
             check_private(Path(f"{self.db_path}{suffix}"), missing_ok=True)
         try:
-            return self._connect_and_check()
+            return self._use(self._connect_and_check())
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and not _looks_corrupt(exc):
+            if isinstance(exc, sqlite3.OperationalError) and not looks_corrupt(exc):
                 raise SpoolError(f"cannot open spool {self.db_path}: {exc}") from exc
             return self._set_aside_and_salvage(str(exc))
 
@@ -282,18 +247,18 @@ class Spool:
         self.corrupt_files_moved += 1
         self._clean = None
         try:
-            conn = self._connect_and_check()
+            conn = self._connect_and_check().conn
             try:
                 found = salvage(moved, conn)
             finally:
                 conn.close()
-            conn = self._connect_and_check()  # the gauges, ids and seqs of what it holds now
+            opened = self._connect_and_check()  # the gauges, ids and seqs of what it holds now
         except sqlite3.Error as exc:
             raise SpoolError(f"cannot create a fresh spool {self.db_path}: {exc}") from exc
         self.unreadable_ids += found.unreadable_ids
         log.error("spool %s is damaged (%s): set aside as %s; %s", self.db_path, why,
                   moved.name, found)  # fmt: skip
-        return conn
+        return self._use(opened)
 
     def rebuild(self, why: str) -> None:
         """The open database was found damaged (a read or write said so): set it aside and
@@ -314,115 +279,22 @@ class Spool:
         self._reconcile_identity()
         self._start_checkpointer()
 
-    def _unchanged_since_close(self) -> dict[str, int] | None:
-        """The clean close's summary, if the database file is still the one it described."""
+    def _connect_and_check(self) -> Opened:
+        """Open the database and check it (:func:`~logsdk.spool._database.open_database`),
+        with the summary of the last clean close, once."""
         clean, self._clean = self._clean, None
-        if clean is None:
-            return None
-        try:
-            st = os.stat(self.db_path)
-            wal = os.stat(f"{self.db_path}-wal").st_size
-        except FileNotFoundError:
-            wal = 0
-        except OSError:
-            return None
-        if wal or (st.st_size, st.st_mtime_ns, st.st_ino) != (
-            clean["size"],
-            clean["mtime_ns"],
-            clean["ino"],
-        ):
-            return None
-        return clean
+        known = self.producer_id if self._state_trusted else None
+        return open_database(self.db_path, self.synchronous, clean, known)
 
-    def _connect_and_check(self) -> sqlite3.Connection:
-        clean = self._unchanged_since_close()
-        conn = gated_connect(self.db_path, isolation_level=None, check_same_thread=False)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            # Some builds (Debian's) default to secure_delete=ON: every page a DELETE frees
-            # is zeroed and written to the WAL, doubling the I/O of deleting replayed rows.
-            # FAST still zeroes deleted cells where that costs no extra I/O.
-            conn.execute("PRAGMA secure_delete=FAST")
-            if clean is None:
-                _quick_check(conn)
-            self._create_schema(conn)
-            self._read_identity(conn)
-            (mark,) = conn.execute(
-                "SELECT value FROM meta WHERE name = 'replayed_through'"
-            ).fetchone()
-            mark = int(mark)
-            if clean is not None:
-                (more,) = conn.execute(
-                    "SELECT EXISTS (SELECT 1 FROM records_all WHERE id > ?)", (mark,)
-                ).fetchone()
-                # Two cheap checks of the summary against the table (the count is never
-                # trusted to say "empty" while a row is there: that row would never be
-                # replayed); on a mismatch, everything is checked and counted.
-                if clean["mark"] != mark or bool(more) != (clean["count"] > 0):
-                    log.warning("spool %s: summary of the last close disagrees with the "
-                                "table; checking the whole file", self.db_path)  # fmt: skip
-                    _quick_check(conn)
-                    clean = None
-            if clean is not None:
-                count, total, below = clean["count"], clean["bytes"], clean["garbage"]
-                (top,) = conn.execute("SELECT coalesce(max(id), 0) FROM records_all").fetchone()
-            else:
-                count, total, top = conn.execute(
-                    "SELECT count(*), coalesce(sum(size), 0), coalesce(max(id), 0) "
-                    "FROM records_all WHERE id > ?",
-                    (mark,),
-                ).fetchone()
-                (below,) = conn.execute(
-                    "SELECT coalesce(sum(size), 0) FROM records_all WHERE id <= ?", (mark,)
-                ).fetchone()
-            self.checked_at_open = clean is None
-            if below and not count:
-                conn.execute("DELETE FROM records_all")  # all acknowledged: truncate
-                below = 0
-        except BaseException:
-            conn.close()
-            raise
-        self.count, self.bytes = int(count), int(total)
-        # New ids stay above the watermark even when the table is empty.
-        self._top_id = max(int(top), mark)
-        self._replayed_through, self._garbage = mark, int(below)
-        getlimit = getattr(conn, "getlimit", None)  # Python >= 3.11; else assume the old 999
-        limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else 999
-        self._chunks = [(c, _insert_sql(c)) for c in _INSERT_CHUNKS if 7 * c <= limit]
-        return conn
-
-    @staticmethod
-    def _create_schema(conn: sqlite3.Connection) -> None:
-        """The tables, the watermark and the ``records`` view, created where missing. A
-        spool written by logsdk before the watermark has a table ``records``: it becomes
-        ``records_all`` (a rename, no copy) and the view takes its name."""
-        db = sqlite_utils.Database(conn)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            kind = conn.execute("SELECT type FROM sqlite_master WHERE name = 'records'").fetchone()
-            if kind == ("table",):
-                conn.execute("ALTER TABLE records RENAME TO records_all")
-            records = db.table("records_all")
-            if not records.exists():
-                records.create({**_RECORD_COLUMNS, "size": int}, pk="id")
-            rejected = db.table("rejected")
-            if not rejected.exists():
-                rejected.create(
-                    {**_RECORD_COLUMNS, "error": str, "at": float},
-                    pk="id",
-                )
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)"
-            )
-            conn.execute("INSERT OR IGNORE INTO meta VALUES ('replayed_through', 0)")
-            if kind is None or kind == ("table",):
-                conn.execute(_VIEW_SQL)
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
+    def _use(self, opened: Opened) -> sqlite3.Connection:
+        """Take on what the open found in the database; its connection."""
+        self.checked_at_open = opened.checked
+        self._db_identity, self._seq_above_rows = opened.identity, opened.seq_above_rows
+        self.count, self.bytes = opened.count, opened.bytes
+        self._top_id = opened.top_id
+        self._replayed_through, self._garbage = opened.mark, opened.garbage
+        self._chunks = opened.inserts
+        return opened.conn
 
     # -- state (producer id, sequence high-water) -----------------------------------------
 
@@ -455,22 +327,6 @@ class Spool:
             log.warning("spool state %s not rewritten (%s); checking the whole file", path, exc)
             return
         self._clean = summary_of(clean)
-
-    def _read_identity(self, conn: sqlite3.Connection) -> None:
-        """Read the database's copy of the identity (in ``_connect_and_check``, so a damaged
-        file is handled as any other), and, only when it is needed, the highest seq a row
-        holds (a scan of the table)."""
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS identity "
-            "(producer_id TEXT NOT NULL, seq_reserved INTEGER NOT NULL)"
-        )
-        row = conn.execute("SELECT producer_id, seq_reserved FROM identity").fetchone()
-        ok = row is not None and isinstance(row[0], str) and isinstance(row[1], int)
-        self._db_identity = (row[0], row[1]) if ok else None
-        self._seq_above_rows = 0
-        if not ok or not self._state_trusted or row[0] != self.producer_id:
-            (above,) = conn.execute("SELECT coalesce(max(seq) + 1, 0) FROM records_all").fetchone()
-            self._seq_above_rows = int(above)
 
     def _reconcile_identity(self) -> None:
         """The producer id and seq reservation live twice: in ``state.json`` (which survives
@@ -579,7 +435,7 @@ class Spool:
                 conn.execute("ROLLBACK")
             if recount:
                 self._recount()
-            raise _spool_error(f"spool {what} failed: {exc}", exc) from exc
+            raise spool_error(f"spool {what} failed: {exc}", exc) from exc
         except BaseException:  # not SQLite's (a bad parameter, an interrupt): still undone
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
@@ -658,7 +514,7 @@ class Spool:
             )
             return cur.fetchall()
         except sqlite3.Error as exc:
-            raise _spool_error(f"spool read failed: {exc}", exc) from exc
+            raise spool_error(f"spool read failed: {exc}", exc) from exc
 
     def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> int:
         """Delete acknowledged rows; ``freed_bytes`` (their sizes, if known) saves a query.
@@ -753,7 +609,7 @@ class Spool:
                 (self._replayed_through,),
             ).fetchone()
         except sqlite3.Error as exc:
-            raise _spool_error(f"spool read failed: {exc}", exc) from exc
+            raise spool_error(f"spool read failed: {exc}", exc) from exc
         if more and self.count == 0:
             log.error("spool %s: gauges said empty while rows remain; counted again", self.db_path)
             self._recount()
@@ -851,19 +707,3 @@ class Spool:
             ).fetchone()
             self.count, self.bytes = int(c), int(b)
             self._gauges_exact = True
-
-
-def _spool_error(text: str, exc: sqlite3.Error) -> SpoolError:
-    """The SpoolError for an SQLite error: :class:`SpoolCorruptError` when the file is damaged."""
-    return SpoolCorruptError(text) if _looks_corrupt(exc) else SpoolError(text)
-
-
-def _quick_check(conn: sqlite3.Connection) -> None:
-    row = conn.execute("PRAGMA quick_check").fetchone()
-    if row is None or row[0] != "ok":
-        raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
-
-
-def _looks_corrupt(exc: sqlite3.Error) -> bool:
-    text = str(exc).lower()
-    return any(w in text for w in ("malformed", "not a database", "corrupt", "quick_check"))
