@@ -48,7 +48,7 @@ SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _COLUMNS = "topic, key, value, headers, ts, seq, size"
 
 #: The view of the rows in custody, the table behind it, and the watermark below which a
-#: replay has acknowledged every row (see :mod:`logsdk.spool._spool`).
+#: replay has acknowledged every row (see :mod:`logsdk.spool._rows`).
 _VIEW_SQL = (
     "CREATE VIEW records AS SELECT * FROM records_all WHERE id > "
     "coalesce((SELECT value FROM meta WHERE name = 'replayed_through'), 0)"

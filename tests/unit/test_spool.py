@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from logsdk.errors import ConfigError, SpoolCorruptError, SpoolLockedError
 from logsdk.spool import Spool, decode_headers, encode_headers
 from logsdk.spool._codec import row_size
-from logsdk.spool._spool import id_runs
+from logsdk.spool._rows import id_runs
 
 #: Pure functions: Hypothesis's per-example deadline (200 ms) only fails them when the
 #: machine is loaded (seen: id_runs over 200 ids at a load average of 38).
@@ -264,11 +264,11 @@ def test_gauges_never_go_below_zero(tmp_path: Path) -> None:
     sp = Spool(tmp_path).open()
     try:
         sp.append([("t", None, b"x", None, 1, i) for i in range(10)])
-        sp.count, sp.bytes = 3, 10  # as if other writes had been lost
+        sp.rows.count, sp.rows.bytes = 3, 10  # as if other writes had been lost
         sp.delete(range(1, 11))
         assert (sp.count, sp.bytes) == (0, 0)
         sp.append([("t", None, b"x", None, 1, 10)])
-        sp.count = 0  # the gauge says empty, the table does not
+        sp.rows.count = 0  # the gauge says empty, the table does not
         assert sp.holds_rows()
         assert sp.count == 1
     finally:
@@ -276,7 +276,7 @@ def test_gauges_never_go_below_zero(tmp_path: Path) -> None:
 
 
 def _gauges(sp: Spool) -> tuple[int, int, int, int]:
-    return sp.count, sp.bytes, sp._garbage, sp._top_id
+    return sp.count, sp.bytes, sp.rows.garbage, sp.top_id
 
 
 def test_clean_close_lets_the_next_open_skip_the_full_file_checks(tmp_path: Path) -> None:
@@ -297,8 +297,7 @@ def test_clean_close_lets_the_next_open_skip_the_full_file_checks(tmp_path: Path
         assert "closed" not in json.loads((tmp_path / "state.json").read_text())
         sp2.append(_rows(1, 50))
     finally:
-        sp2._conn.close()  # type: ignore[union-attr]  # a crash: no close()
-        sp2._conn = None
+        sp2.rows.detach().close()  # type: ignore[union-attr]  # a crash: no close()
         sp2.close()
     sp3 = Spool(tmp_path).open()
     try:
@@ -328,8 +327,7 @@ def test_summary_that_cannot_be_removed_is_not_used_and_the_id_is_kept(
         assert sp2.checked_at_open
         assert sp2.count == 5
     finally:
-        sp2._conn.close()  # type: ignore[union-attr]  # close() would try to write the state
-        sp2._conn = None
+        sp2.rows.detach().close()  # type: ignore[union-attr]  # close() would write the state
         sp2.close()
 
 
@@ -376,7 +374,7 @@ def test_summary_saying_empty_while_rows_remain_is_not_trusted(tmp_path: Path) -
     watermark, checks and counts the table, so those rows are replayed, not stranded."""
     sp = Spool(tmp_path).open()
     sp.append(_rows(7))
-    sp.count = 0  # a drifted gauge, as a bug would leave it
+    sp.rows.count = 0  # a drifted gauge, as a bug would leave it
     sp.close()
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["closed"]["count"] == 0
@@ -392,7 +390,7 @@ def test_gauges_that_disagree_with_the_table_are_recounted(tmp_path: Path) -> No
     sp = Spool(tmp_path).open()
     try:
         sp.append(_rows(3))
-        sp.count, sp.bytes = 7, 1
+        sp.rows.count, sp.rows.bytes = 7, 1
         sp.recount_if_off()
         assert (sp.count, sp.bytes) == (3, sum(row_size(r) for r in _rows(3)))
     finally:
