@@ -22,8 +22,8 @@ from logsdk._cli._common import (
     seconds,
     sigterm_as_interrupt,
 )
-from logsdk._cli.spool import records_left_by_this_process
 from logsdk.errors import LogSDKError
+from logsdk.spool._status import records_left_by_this_process
 
 if TYPE_CHECKING:
     pass
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     s = producer.stats()
     # Read once the producer closed, from every slot it held: its own, and the free slots
     # other processes left that it took over (its stats() count its own slot alone).
-    kept = records_left_by_this_process(spool_dir)
+    kept = records_left_by_this_process(spool_dir, warn=err)
     lost = int(s["errors"].get("lost_on_close", 0))
     # acked counts the replays of what the spool held at the start too (an earlier run's).
     earlier = int(s["recovered_at_start"])

@@ -1,23 +1,25 @@
 """``logsdk spool status|check|replay|export DIR``: look into a producer's spool, check it,
-drain it."""
+drain it.
+
+The command line's part: the arguments, what is printed, the exit status. What is read
+from the slots, and how, is the library's (:mod:`logsdk.spool._status`,
+:mod:`logsdk.spool._check`); its warnings are printed here as ``logsdk: warning: ...``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import base64
 import contextlib
-import dataclasses
-import datetime as dt
 import functools
 import json
-import os
 import shlex
 import sqlite3
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any
 
 from logsdk._cli._common import (
     Subparsers,
@@ -30,13 +32,20 @@ from logsdk._cli._common import (
     sigterm_as_interrupt,
 )
 from logsdk.errors import SpoolError
-from logsdk.spool import _readonly
 from logsdk.spool._check import check_spool_dir
 from logsdk.spool._codec import decode_headers
 from logsdk.spool._database import DB_NAME
-from logsdk.spool._dirlock import LOCK_NAME
-from logsdk.spool._slots import is_free, slot_indexes, slot_path
+from logsdk.spool._slots import slot_indexes, slot_path
 from logsdk.spool._state import read_state
+from logsdk.spool._status import (
+    ReplaySlot,
+    count_left,
+    look_before_replay,
+    read_slot,
+    spool_db,
+    spool_status,
+    watch_takers,
+)
 
 if TYPE_CHECKING:
     from logsdk.producer import LogProducer
@@ -160,215 +169,10 @@ def register(sub: Subparsers) -> None:
     rp.set_defaults(func=run_replay)
 
 
-# -- reading a spool without its lock --------------------------------------------------------
-
-#: Reads of a slot's main file that changed under them (a producer opening or closing the
-#: slot) before its figures are shown with a warning.
-_ATTEMPTS = 3
-T = TypeVar("T")
-
-
-def _db_path(directory: Path) -> Path:
-    db = directory / DB_NAME
-    if not directory.is_dir():
-        raise SpoolError(f"{directory} is not a directory")
-    if not db.is_file():
-        raise SpoolError(f"{directory} is not a spool dir (no {DB_NAME} in it)")
-    return db
-
-
-def read_slot(
-    directory: Path, read: Callable[[sqlite3.Connection], T], *, attempts: int = _ATTEMPTS
-) -> T:
-    """``read(conn)`` on a read-only connection to the slot at ``directory``: it never takes
-    the producer's lock and writes neither a row nor a file (:mod:`logsdk.spool._readonly`).
-    A read of the main file alone (no ``-wal``/``-shm`` beside it) that the file changed
-    under is made again, ``attempts`` times in all; then its result comes with a warning."""
-    db = _db_path(directory)
-    for attempt in range(1, attempts + 1):
-        before = _readonly.file_ids(db)
-        immutable = _readonly.needs_immutable(before)
-        try:
-            result = _read_once(directory, db, immutable, read)
-        except sqlite3.Error as exc:
-            if immutable and attempt < attempts and _readonly.file_ids(db) != before:
-                continue  # likely a torn read: the file changed under it
-            raise SpoolError(f"cannot read spool {db}: {exc}") from exc
-        if _readonly.misses_wal(before):
-            err(f"warning: {db}-wal without -shm: read without the WAL (its newest commits unseen)")
-        if not immutable or _readonly.file_ids(db) == before:
-            return result
-    err(
-        f"warning: {db} changed under each of {attempts} read(s) (a producer opening or "
-        "closing it): what is shown of it may be off"
-    )
-    return result
-
-
-def _read_once(
-    directory: Path, db: Path, immutable: bool, read: Callable[[sqlite3.Connection], T]
-) -> T:
-    try:
-        with _readonly.connect(db, immutable=immutable) as conn:
-            return read(conn)
-    except sqlite3.OperationalError:
-        if immutable or os.access(directory, os.W_OK):
-            raise
-    # A WAL database in a directory we cannot write (its -shm cannot be used): read the
-    # main file as it is; the WAL's newest commits are not seen.
-    err("warning: spool dir not writable; reading without its WAL (may be stale)")
-    with _readonly.connect(db, immutable=True) as conn:
-        return read(conn)
-
-
-def _iso(ms: int | None) -> str | None:
-    if ms is None:
-        return None
-    stamp = dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
-    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _lock_pid(directory: Path) -> int | None:
-    """The pid the producer that last took the slot's lock wrote in ``LOCK`` (the lock
-    itself is never touched: trying it would make a starting producer fail)."""
-    try:
-        pid = int((directory / LOCK_NAME).read_text().strip() or "0")
-    except (OSError, ValueError):
-        return None
-    return pid if pid > 0 else None
-
-
-def _owner(directory: Path) -> dict[str, Any]:
-    """Who last took the lock (pid written in LOCK) and whether it still runs."""
-    pid = _lock_pid(directory)
-    if pid is None:
-        return {"pid": None, "running": False}
-    try:
-        os.kill(pid, 0)
-        running = True
-    except ProcessLookupError:
-        running = False
-    except PermissionError:
-        running = True
-    return {"pid": pid, "running": running}
-
-
-def records_left_by_this_process(directory: Path) -> int:
-    """The records in the slots of ``directory`` whose ``LOCK`` names this process: the
-    slots its producers held (each producer's own, and the free slots they drained), unless
-    another process took one since. Read-only; 0 when ``directory`` holds no spool."""
-    me, n = os.getpid(), 0
-    for index in slot_indexes(directory):
-        path = slot_path(directory, index)
-        if (path / DB_NAME).is_file() and _lock_pid(path) == me:
-            n += read_slot(path, _count_records)
-    return n
-
-
-def _count_records(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
-
-
-def _slot_figures(conn: sqlite3.Connection) -> dict[str, Any]:
-    """One slot's figures, in one read transaction."""
-    conn.execute("BEGIN")
-    try:
-        n, size, oldest, newest, seq_lo, seq_hi = conn.execute(
-            "SELECT count(*), coalesce(sum(size), 0), min(ts), max(ts), min(seq), max(seq) "
-            "FROM records"
-        ).fetchone()
-        topics = {
-            topic: {"records": c, "bytes": b, "oldest": _iso(lo), "newest": _iso(hi)}
-            for topic, c, b, lo, hi in conn.execute(
-                "SELECT topic, count(*), coalesce(sum(size), 0), min(ts), max(ts) "
-                "FROM records GROUP BY topic ORDER BY topic"
-            )
-        }
-        rejected = conn.execute("SELECT count(*) FROM rejected").fetchone()[0]
-    finally:
-        conn.execute("ROLLBACK")
-    return {
-        "records": n,
-        "bytes": size,
-        "oldest": _iso(oldest),
-        "newest": _iso(newest),
-        "seq_range": None if seq_lo is None else [seq_lo, seq_hi],
-        "rejected": rejected,
-        "topics": topics,
-    }
-
-
-def slot_status(directory: Path) -> dict[str, Any]:
-    """What one slot holds, as a dict."""
-    figures = read_slot(directory, _slot_figures)
-    files = [directory / f"{DB_NAME}{s}" for s in ("", "-wal")]
-    return {
-        "dir": str(directory),
-        "producer_id": read_state(directory).producer_id,
-        "records": figures["records"],
-        "bytes": figures["bytes"],
-        "file_bytes": sum(f.stat().st_size for f in files if f.exists()),
-        "oldest": figures["oldest"],
-        "newest": figures["newest"],
-        "seq_range": figures["seq_range"],
-        "rejected": figures["rejected"],
-        "corrupt_files": sorted(p.name for p in directory.glob(f"{DB_NAME}.corrupt-*")),
-        "locked_by": _owner(directory),
-        "topics": figures["topics"],
-    }
-
-
-def spool_status(directory: Path) -> dict[str, Any]:
-    """Everything ``status`` shows, as a dict (see ``--json``): ``slots``, each slot's own
-    figures; the sums of every slot's ``records``, ``bytes``, ``file_bytes``,
-    ``rejected`` and ``topics``, the oldest and newest of them, every slot's
-    ``corrupt_files`` (as paths under ``directory``); and slot 0's ``producer_id``,
-    ``locked_by`` and ``seq_range`` (seqs are counted per producer id: each slot has its
-    own, in ``slots``)."""
-    _db_path(directory)
-    slots = []
-    for index in slot_indexes(directory):
-        path = slot_path(directory, index)
-        if (path / DB_NAME).is_file():
-            slots.append({"slot": index, **slot_status(path)})
-    topics: dict[str, dict[str, Any]] = {}
-    for sl in slots:
-        for name, t in sl["topics"].items():
-            acc = topics.setdefault(name, {"records": 0, "bytes": 0, "oldest": [], "newest": []})
-            acc["records"] += t["records"]
-            acc["bytes"] += t["bytes"]
-            acc["oldest"].append(t["oldest"])
-            acc["newest"].append(t["newest"])
-    for t in topics.values():  # ISO stamps of one format: text order is time order
-        t["oldest"] = min((x for x in t["oldest"] if x), default=None)
-        t["newest"] = max((x for x in t["newest"] if x), default=None)
-    stamps = [sl[k] for sl in slots for k in ("oldest", "newest") if sl[k]]
-    (first,) = (sl for sl in slots if sl["slot"] == 0)
-    return {
-        "dir": str(directory),
-        "producer_id": first["producer_id"],
-        "records": sum(sl["records"] for sl in slots),
-        "bytes": sum(sl["bytes"] for sl in slots),
-        "file_bytes": sum(sl["file_bytes"] for sl in slots),
-        "oldest": min(stamps) if stamps else None,
-        "newest": max(stamps) if stamps else None,
-        "seq_range": first["seq_range"],
-        "rejected": sum(sl["rejected"] for sl in slots),
-        "corrupt_files": [
-            str((slot_path(directory, sl["slot"]) / name).relative_to(directory))
-            for sl in slots
-            for name in sl["corrupt_files"]
-        ],
-        "locked_by": first["locked_by"],
-        "topics": dict(sorted(topics.items())),
-        "slots": slots,
-    }
-
-
 def run_status(args: argparse.Namespace) -> int:
     """Print the summary of one spool dir: totals, then a line per slot when it has more
     than one (each slot has its own producer id and seqs)."""
-    s = spool_status(args.dir)
+    s = spool_status(args.dir, warn=err)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -474,7 +278,7 @@ def _export_rows(
 def run_export(args: argparse.Namespace) -> int:
     """Write the records (or the rejected ones) of every slot as JSON lines, slot by
     slot, oldest first in each."""
-    _db_path(args.dir)
+    spool_db(args.dir)
     out: IO[str]
     n = 0
     with contextlib.ExitStack() as stack:
@@ -493,106 +297,11 @@ def run_export(args: argparse.Namespace) -> int:
             )
             # Rows are written as they are read: a slot read again would be written twice,
             # so a read the file changed under is only said on stderr.
-            n += read_slot(path, write, attempts=1)
+            n += read_slot(path, write, attempts=1, warn=err)
         out.flush()
     if args.output is not None:
         print(f"logsdk: exported {n} record(s) to {args.output}", file=sys.stderr)
     return 0
-
-
-@dataclasses.dataclass
-class _ReplaySlot:
-    """One slot as replay saw it before it started, and what became of it."""
-
-    index: int
-    path: Path
-    records: int
-    #: Its rejected rows at the look: of seqs up to ``top_seq``, and all of them.
-    rejected: int
-    rejected_all: int
-    #: The highest seq among its records at the look (None: none): a producer that takes
-    #: the slot later writes higher ones, which are not this replay's.
-    top_seq: int | None
-    topic: str | None
-    free: bool
-    #: The pid in LOCK at the look (the last producer that held it).
-    pid: int | None
-    #: This process held it during the replay (the producer, or one of its drains).
-    ours: bool = False
-    #: Another process (pid) took it during the replay before this one did.
-    taken_by: int | None = None
-    #: After the replay, of the records of the look (all records, for a slot taken over).
-    left: int = 0
-    rejected_now: int = 0
-
-    @property
-    def newly_rejected(self) -> int:
-        return self.rejected_now - self.rejected
-
-    @property
-    def replayed(self) -> int:
-        return self.records - self.left - self.newly_rejected
-
-
-def _seq_bound(top_seq: int | None) -> tuple[str, tuple[int, ...]]:
-    """The rows of seqs up to ``top_seq`` (rows without a seq, of old spools, included)."""
-    if top_seq is None:
-        return "seq IS NULL", ()
-    return "(seq IS NULL OR seq <= ?)", (top_seq,)
-
-
-def _look(path: Path, index: int) -> _ReplaySlot:
-    """A slot's figures before the replay (one read transaction)."""
-
-    def figures(conn: sqlite3.Connection) -> tuple[int, int | None, str | None, int, int]:
-        conn.execute("BEGIN")
-        try:
-            n, top, topic = conn.execute(
-                "SELECT count(*), max(seq), (SELECT topic FROM records ORDER BY id LIMIT 1) "
-                "FROM records"
-            ).fetchone()
-            where, params = _seq_bound(top)
-            (rejected,) = conn.execute(
-                f"SELECT count(*) FROM rejected WHERE {where}", params
-            ).fetchone()
-            (rejected_all,) = conn.execute("SELECT count(*) FROM rejected").fetchone()
-        finally:
-            conn.execute("ROLLBACK")
-        return int(n), top, topic, int(rejected), int(rejected_all)
-
-    n, top, topic, rejected, rejected_all = read_slot(path, figures)
-    free, pid = is_free(path), _lock_pid(path)
-    return _ReplaySlot(index, path, n, rejected, rejected_all, top, topic, free, pid)
-
-
-def _left(sl: _ReplaySlot, *, everything: bool = False) -> None:
-    """Set what the slot holds now of the records it held at the look (records a
-    producer added since have higher seqs: not counted), or all it holds (``everything``)."""
-    where, params = ("1", ()) if everything else _seq_bound(sl.top_seq)
-
-    def figures(conn: sqlite3.Connection) -> tuple[int, int]:
-        conn.execute("BEGIN")
-        try:
-            (left,) = conn.execute(f"SELECT count(*) FROM records WHERE {where}", params).fetchone()
-            (rej,) = conn.execute(f"SELECT count(*) FROM rejected WHERE {where}", params).fetchone()
-        finally:
-            conn.execute("ROLLBACK")
-        return int(left), int(rej)
-
-    sl.left, sl.rejected_now = read_slot(sl.path, figures)
-
-
-def _watch(slots: list[_ReplaySlot]) -> None:
-    """Note, from the pid in each slot's LOCK, which slots this process took (the replay's
-    producer and its drains) and which another process took first. LOCK keeps the pid of
-    the last producer that took the slot, also once it let go."""
-    me = os.getpid()
-    for sl in slots:
-        pid = _lock_pid(sl.path)
-        if pid == me:
-            sl.ours = True
-        elif pid is not None and pid != sl.pid and not sl.ours and sl.taken_by is None:
-            sl.taken_by = pid
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -606,12 +315,12 @@ def run_replay(args: argparse.Namespace) -> int:
     (timeout, interrupted, or held by a live producer), 3 when Kafka refused records."""
     from logsdk.producer import LogProducer
 
-    _db_path(args.dir)
+    spool_db(args.dir)
     looked = []
     for index in slot_indexes(args.dir):
         path = slot_path(args.dir, index)
         if (path / DB_NAME).is_file():
-            looked.append(_look(path, index))
+            looked.append(look_before_replay(path, index, warn=err))
     found = [sl for sl in looked if sl.free and sl.records]
     held = [sl for sl in looked if not sl.free and sl.records]
     for sl in held:
@@ -632,16 +341,19 @@ def run_replay(args: argparse.Namespace) -> int:
     timed_out = interrupted = False
     producer = LogProducer(args.bootstrap, topic, args.dir, **kw)
     try:
-        _watch(looked)
+        watch_takers(looked)
         with sigterm_as_interrupt():
             try:
                 timed_out = _show_progress(
-                    producer, sum(sl.records for sl in found), args.timeout, lambda: _watch(looked)
+                    producer,
+                    sum(sl.records for sl in found),
+                    args.timeout,
+                    lambda: watch_takers(looked),
                 )
             except KeyboardInterrupt:
                 err("interrupted; what was not acknowledged stays in the spool")
                 interrupted = True
-        _watch(looked)
+        watch_takers(looked)
     finally:
         # The replay had its timeout: what is left stays in the spool, for a later run.
         producer.close(timeout=0)
@@ -650,9 +362,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def _report(
     args: argparse.Namespace,
-    looked: list[_ReplaySlot],
-    found: list[_ReplaySlot],
-    held: list[_ReplaySlot],
+    looked: list[ReplaySlot],
+    found: list[ReplaySlot],
+    held: list[ReplaySlot],
     timed_out: bool,
     interrupted: bool,
 ) -> int:
@@ -666,7 +378,7 @@ def _report(
                 "not counted here"
             )
             continue
-        _left(sl)
+        count_left(sl, warn=err)
         counted.append(sl)
         err(
             f"slot {sl.index}: replayed {sl.replayed} of {sl.records} record(s); "
@@ -678,7 +390,7 @@ def _report(
     # that producer had let go of it: delivered from too, not counted as found.
     taken_over = [sl for sl in looked if sl.ours and not sl.free]
     for sl in taken_over:
-        _left(sl, everything=True)
+        count_left(sl, everything=True, warn=err)
         err(
             f"slot {sl.index}: pid {sl.pid} let go of it during the replay, which delivered "
             f"from it too (not counted here): {sl.left} record(s) left, "

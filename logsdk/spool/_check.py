@@ -53,7 +53,7 @@ from typing import Any, Literal
 from logsdk.errors import SpoolError
 from logsdk.spool import _readonly
 from logsdk.spool._database import DB_NAME
-from logsdk.spool._dirlock import LOCK_NAME, check_private
+from logsdk.spool._dirlock import LOCK_NAME, check_private, lock_pid
 from logsdk.spool._readonly import FileId
 from logsdk.spool._slots import slot_indexes, slot_path
 from logsdk.spool._state import STATE_NAME, TMP_NAME, read_state, summary_of
@@ -242,20 +242,6 @@ def _held(path: Path) -> bool | None:
     return False
 
 
-def _lock_pid(path: Path) -> int | None:
-    try:
-        fd = os.open(path / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        pid = int(os.read(fd, 32).decode(errors="replace").strip() or "0")
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return pid if pid > 0 else None
-
-
 def _read_state(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """``state.json`` as a dict, or the reason it cannot be used (None: a link, which the
     file checks report)."""
@@ -398,7 +384,7 @@ def _check_once(path: Path, index: int, last: bool) -> SlotCheck | None:
         return None
     live = True if True in (live, live_after) else (None if None in (live, live_after) else False)
     report.live = live
-    report.pid = _lock_pid(path) if live else None
+    report.pid = lock_pid(path) if live else None
     if changed:
         # A read of a file that changed under it may be torn: nothing it saw is judged.
         status = (

@@ -86,6 +86,23 @@ class DirLock:
                 os.close(fd)
 
 
+def lock_pid(directory: Path) -> int | None:
+    """The pid the producer that last took the lock of ``directory`` wrote in ``LOCK``
+    (None: none, or not readable). The lock itself is never tried: a producer starting in
+    that instant would fail to take it."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        pid = int(os.read(fd, 32).decode(errors="replace").strip() or "0")
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return pid if pid > 0 else None
+
+
 #: Every spool dir lock held in this process.
 _HELD: weakref.WeakSet[DirLock] = weakref.WeakSet()
 
