@@ -6,7 +6,8 @@ import argparse
 import json
 
 from logsdk.errors import ShmError
-from logsdk.shm._ring import inspect, list_segments, remove, segment_name
+from logsdk.shm._inspect import inspect, list_segments, remove
+from logsdk.shm._segment import segment_name
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,48 +1,18 @@
 """A ring of records in POSIX shared memory that outlives a crash of the process writing it.
 
-Layout (little-endian): a 4096-byte header, then ``capacity`` bytes of frames.
-
-    header   0  8s   magic b"LOGSDKR1"
-             8  u32  version             12  u32 header size
-            16  u64  capacity            24  u32 owner pid   28 u32 reserved
-            32  u64  reserved            40  32s producer id (ASCII)
-            72  u16  spool dir length    74  spool dir (UTF-8, at most 400 bytes)
-           512  head: u64 value, u64 value ^ MASK, the same again (32 bytes)
-           544  tail: the same
-    frame    0  u32  magic (REC or PAD)
-             4  u32  CRC32 of bytes [12, 24 + L)  (PAD: of [12, 24))
-             8  u8   settled (1: acknowledged by Kafka or committed to the spool)
-            12  u32  L, the payload length
-            16  u64  pos, the frame's absolute position
-            24  payload: u64 seq, i64 timestamp, u16 topic length, i32 key, value and
-                headers lengths (-1: None), then topic, key, value, headers; the frame is
-                padded to a multiple of 8 bytes
+:class:`ShmRing` is one producer's ring: its writer puts records as frames
+(:mod:`logsdk.shm._frames`) into a segment (:mod:`logsdk.shm._segment`: the header, the
+head and tail indexes, the pages, the ownership lock); what a dead owner left is read back
+as a recovering reader reads it (:func:`logsdk.shm._frames.read_ring`).
 
 Invariants:
-- positions only grow (offset = pos % capacity); a frame is valid only where its stored
-  pos equals the position it is read at and its CRC matches, so a stale frame from an
-  earlier lap, a torn write or corrupt bytes are never taken for a record, and a reader
-  that meets one resynchronises on the next valid frame instead of stopping;
+- positions only grow (offset = pos % capacity), also across owners (a new owner goes on
+  after the scanned window): a stale frame of an earlier lap never matches a position;
 - ``tail`` is published before the space behind it is reused, so every frame from the
   tail on is readable at every instant. ``head`` is published lazily, by the writer: when
-  the frames written since the last publication would pass ``_SYNC`` bytes (256 KiB; an
-  eighth of a smaller ring), when a put finds the ring full, after a wrap, and at close.
-  Frames past it are found by their pos and CRC (a frame's CRC is written after its
-  body, so a put torn by a crash reads as invalid). They all end within ``_SYNC`` bytes
-  of the published head; a reader scans ``2 * _SYNC`` bytes past it (the margin covers a
-  torn copy of the head read as its previous value), skipping invalid regions, and
-  stops. An invalid region before the published head, or followed by a valid frame, is
-  counted as corrupt; one past it with no valid frame after it is the put a crash
-  interrupted (send() had not returned) and is not counted. The price: garbage written
-  into the last frames put since the head was published, with no valid frame after
-  them, is skipped without being counted;
-- every page of the segment is allocated at open (``posix_fallocate``): a sparse segment
-  on a full /dev/shm would kill the writer with SIGBUS at its first touch of a page;
-- head and tail are each stored twice with a check word, the two copies written one after
-  the other by separate writes: a crash tears at most one copy, and a reader takes the
-  first valid one (never both at once with one ``struct.pack_into``: CPython zero-fills
-  the whole target before it packs, so a crash at that instant left both copies
-  unreadable);
+  the frames written since the last publication would pass ``sync_bytes`` (256 KiB; an
+  eighth of a smaller ring), when a put finds the ring full, after a wrap, and at close;
+  a reader finds the frames past it by their pos and CRC (:mod:`logsdk.shm._frames`);
 - a record's frame stays unsettled until Kafka acknowledged it or the spool committed it,
   and the tail never passes an unsettled frame. :meth:`ShmRing.settle` only notes the
   seq; :meth:`ShmRing.drain_settled` (the producer's pump, after each poll) and the
@@ -50,103 +20,61 @@ Invariants:
   flag the settled frames past it, under one lock, so no flag is ever written into space
   the tail has already given back. A crash before that resends the record: a duplicate,
   never a loss;
-- one live owner per segment: an exclusive ``flock`` on the segment's descriptor, which
-  the kernel releases when the owner dies, so a dead owner never blocks recovery.
+- one live owner per segment (its ``flock``, :func:`logsdk.shm._segment.take_ownership`);
+  a forked child closes its copies of the descriptors that hold it
+  (:func:`_leave_segments_to_parent`).
+
+Owner: see :class:`ShmRing`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import logging
 import mmap
 import os
-import re
-import stat
-import struct
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 
 import posix_ipc
 from zlib_ng.zlib_ng import crc32
 
 from logsdk._fork import at_fork_in_child, fork_guard
-from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
+from logsdk.errors import RecordTooLargeError, ShmError
+from logsdk.shm._frames import (
+    BODY,
+    F3,
+    FIXED,
+    FRAME,
+    REC,
+    Scan,
+    read_ring,
+    sync_bytes,
+    write_pad,
+)
+from logsdk.shm._segment import (
+    HEAD_OFF,
+    HEADER_SIZE,
+    MAGIC,
+    MIN_CAPACITY,
+    TAIL_OFF,
+    check_header,
+    holds_ring,
+    map_segment,
+    publish_index,
+    reserve,
+    take_ownership,
+    write_header,
+)
 from logsdk.spool._codec import Headers, Row, encode_headers
-from logsdk.spool._spool import Spool
 
 log = logging.getLogger("logsdk.shm")
 
-MAGIC = b"LOGSDKR1"
-VERSION = 1
-HEADER_SIZE = 4096
-MIN_CAPACITY = 64 * 1024
-#: Where Linux shows POSIX shared memory segments (used to list them).
-SHM_DIR = Path("/dev/shm")
-
-_MASK = 0xA5A5_5A5A_C3C3_3C3C
-_POS_MAX = 1 << 62  # positions beyond it are refused (see _recover)
-_HDR = struct.Struct("<8sIIQIIQ32sH")
-_DIR_OFF = _HDR.size
-_DIR_MAX = 400
-_SLOTS = struct.Struct("<QQQQ")
-_SLOT = struct.Struct("<QQ")  # one copy of an index: value, value ^ _MASK
-_HEAD_OFF = 512
-_TAIL_OFF = 544
-
-_FMAGIC = b"LGR"  # the first three bytes of every frame, searched for when resynchronising
-_REC = int.from_bytes(_FMAGIC + b"\x01", "little")
-_PAD = int.from_bytes(_FMAGIC + b"\x02", "little")
-_FRAME = 24  # frame header bytes
-_FHDR = struct.Struct("<IIIIQ")  # magic, crc, flags, L, pos
-_F3 = struct.Struct("<III")  # magic, crc, flags: written once the body is in place
-_FIXED = 30  # payload bytes before topic, key, value, headers
-_BODY = struct.Struct("<IQQqHiii")  # L, pos, seq, ts, topic len, key, value, headers len
-_PAYLOAD = struct.Struct("<QqHiii")
-_PADBODY = struct.Struct("<IQ")
-_SYNC = 256 * 1024  # bytes of frames between two publications of the head, at most
-
-_NAME_RE = re.compile(r"^/[A-Za-z0-9._-]{1,200}$")
-
-
-def segment_name(name: str | None, spool_dir: str | os.PathLike[str]) -> str:
-    """The POSIX name of a producer's segment: ``name`` checked, or one derived from the
-    spool directory (so a producer restarted on the same directory finds its segment)."""
-    if name is None:
-        # The path's bytes (a name the file system gave in another encoding is
-        # surrogate-escaped by Python: str.encode() would refuse it; fsencode gives its
-        # bytes back, the same as UTF-8 for any other path).
-        digest = hashlib.sha256(os.fsencode(os.path.realpath(spool_dir))).hexdigest()[:16]
-        return f"/logsdk-{digest}"
-    full = name if name.startswith("/") else f"/{name}"
-    if not _NAME_RE.match(full):
-        raise ShmError(
-            f"shm_name {name!r} is not usable: use 1-200 characters from A-Z a-z 0-9 . _ -"
-        )
-    return full
-
-
-@dataclass(frozen=True)
-class SegmentInfo:
-    """What ``logsdk shm list`` shows about one segment."""
-
-    name: str
-    size: int
-    capacity: int
-    pending: int
-    corrupt: int
-    owner_pid: int
-    owner_alive: bool
-    producer_id: str
-    spool_dir: str
-
 
 class ShmRing:
-    """The ring buffer of one producer; see the module docstring for the layout.
+    """The ring buffer of one producer (see the module docstring; the layout is
+    :mod:`logsdk.shm._segment`'s and :mod:`logsdk.shm._frames`').
 
     Create it with :meth:`attach`. Writes (:meth:`put`) must be serialised by the caller
     (the producer holds its send lock); :meth:`settle` and :meth:`drain_settled` may be
@@ -160,7 +88,10 @@ class ShmRing:
     removals from the drain, each one dict operation under the GIL.
     """
 
-    def __init__(self, name: str, shm: posix_ipc.SharedMemory, mm: mmap.mmap) -> None:
+    def __init__(
+        self, name: str, shm: posix_ipc.SharedMemory, mm: mmap.mmap, found: Scan | None = None
+    ) -> None:
+        """``found``: what a reading of the segment found (a dead owner's ring)."""
         self.name = name
         self._shm = shm
         self._mm = mm
@@ -168,7 +99,7 @@ class ShmRing:
         self._head = 0
         self._head_pub = 0  # the head as last published: the tail never passes it
         self._tail = 0
-        self._sync = min(_SYNC, self.capacity // 8)
+        self._sync = sync_bytes(self.capacity)
         # put() writes frames ending up to here without a look at the indexes: the end of
         # the lap, of the room before the tail, and of _sync bytes past the published head.
         self._fast_until = 0
@@ -188,10 +119,13 @@ class ShmRing:
         self._settle_lock = threading.Lock()
         self.recovered: list[Row] = []  # unsettled records a dead owner left behind
         self.corrupt = 0  # corrupt regions skipped while reading them
-        self.n_recovered = 0  # records moved to the spool at attach
+        if found is not None:
+            self._head, self._tail = found.head, found.tail
+            self.recovered, self.corrupt = found.rows, found.corrupt
+        self.n_recovered = 0  # records handed over at attach (hand_over)
         self.closed = False
         self._capacity_wanted = self.capacity
-        self._reserved = False  # every page allocated (_reserve)
+        self._reserved = False  # every page allocated (reserve)
         self._start = 0  # where positions continue after reset()
         self._producer_id = ""
         self._spool_dir = ""
@@ -235,46 +169,25 @@ class ShmRing:
         spool_dir: str,
     ) -> ShmRing:
         fd = shm.fd
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = _owner_pid(fd)
-            raise ShmInUseError(
-                f"shared memory segment {name} is in use by a live producer (pid {owner}); "
-                "give each producer its own shm_name (or spool_dir)"
-            ) from None
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise ShmError(f"shared memory segment {name} belongs to uid {st.st_uid}, not us")
-        if stat.S_IMODE(st.st_mode) != 0o600:
-            os.fchmod(fd, 0o600)
+        size = take_ownership(name, fd)
         start = 0
-        ring: ShmRing | None = None
-        if st.st_size >= HEADER_SIZE + MIN_CAPACITY:
-            with mmap.mmap(fd, HEADER_SIZE) as head_page:
-                magic = head_page[:8]
-                blank = head_page[:HEADER_SIZE] == bytes(HEADER_SIZE)
-            if magic == MAGIC:
-                ring = cls(name, shm, _map(fd, st.st_size))
-                try:
-                    ring._check_header(producer_id)
-                    ring._recover()
-                except BaseException:
-                    ring._mm.close()
-                    raise
-                start = ring._head
-            elif not blank and magic != bytes(8):
-                raise ShmError(
-                    f"shared memory segment {name} is not a logsdk ring; remove it "
-                    f"(logsdk shm remove {name}) or pick another shm_name"
-                )
-        elif st.st_size != 0:
-            raise ShmError(f"shared memory segment {name} is truncated ({st.st_size} bytes)")
-        if ring is None:
+        if holds_ring(name, fd, size):
+            mm = map_segment(fd, size)
+            try:
+                check_header(mm, name, size - HEADER_SIZE, producer_id)
+                # What a dead owner left: its unsettled records and the corrupt regions
+                # skipped; positions go on after the scanned window.
+                found = read_ring(mm, size - HEADER_SIZE, name)
+            except BaseException:
+                mm.close()
+                raise
+            ring = cls(name, shm, mm, found)
+            start = found.head
+        else:
             try:
                 ring = cls._fresh(name, shm, capacity)
             except ShmError:
-                if st.st_size == 0:  # ours, and empty: leave nothing behind in /dev/shm
+                if size == 0:  # ours, and empty: leave nothing behind in /dev/shm
                     with contextlib.suppress(posix_ipc.ExistentialError):
                         shm.unlink()
                 raise
@@ -289,8 +202,8 @@ class ShmRing:
 
     @classmethod
     def _fresh(cls, name: str, shm: posix_ipc.SharedMemory, capacity: int) -> ShmRing:
-        _reserve(name, shm.fd, HEADER_SIZE + capacity)
-        ring = cls(name, shm, _map(shm.fd, HEADER_SIZE + capacity))
+        reserve(name, shm.fd, HEADER_SIZE + capacity)
+        ring = cls(name, shm, map_segment(shm.fd, HEADER_SIZE + capacity))
         ring._reserved = True
         return ring
 
@@ -301,23 +214,18 @@ class ShmRing:
         if capacity != self.capacity:
             self._mm[0:8] = bytes(8)  # uninitialised until the new header is complete
             self._mm.close()
-            _reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
-            self._mm = _map(self._shm.fd, HEADER_SIZE + capacity)
+            reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
+            self._mm = map_segment(self._shm.fd, HEADER_SIZE + capacity)
             self.capacity = capacity
         elif not self._reserved:  # a dead owner's segment may be sparse (an older logsdk)
-            _reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
+            reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
         self._reserved = True
         # Positions continue after the old head: no stale frame can ever match one.
         start = (self._start + 7) // 8 * 8
         mm = self._mm
-        d = self._spool_dir.encode()[:_DIR_MAX]
         # The magic is written last: a crash before it leaves a segment that reads as not
         # yet initialised (magic all zero), which the next attach initialises again.
-        _HDR.pack_into(
-            mm, 0, bytes(8), VERSION, HEADER_SIZE, self.capacity, os.getpid(), 0, 0,
-            self._producer_id.encode()[:32], len(d),
-        )  # fmt: skip
-        mm[_DIR_OFF : _DIR_OFF + len(d)] = d
+        write_header(mm, self.capacity, self._producer_id, self._spool_dir)
         self._publish_tail(start)
         self._publish_head(start)
         mm[0:8] = MAGIC
@@ -326,6 +234,18 @@ class ShmRing:
         self._open.clear()
         self._settled.clear()
         self.recovered = []
+
+    def hand_over(self, keep: Callable[[list[Row]], None]) -> int:
+        """Give the records a dead owner left (:attr:`recovered`) to ``keep``, which makes
+        them safe elsewhere (a producer commits them to its spool), then forget them
+        (:meth:`reset`); how many. Until ``keep`` returns the ring is their only copy: if
+        it raises, they stay, and so does the ring's content."""
+        rows = self.recovered
+        if rows:
+            keep(rows)
+            self.reset()
+            self.n_recovered = len(rows)
+        return len(rows)
 
     def close(self, unlink: bool) -> None:
         """Unmap and release ownership; ``unlink`` removes the segment (a clean close).
@@ -348,25 +268,6 @@ class ShmRing:
             self._mm.close()
             _HELD.discard(self)
             self._shm.close_fd()
-
-    def _check_header(self, producer_id: str) -> None:
-        _m, version, hsize, capacity, _pid, _r, _r2, pid_b, _dl = _HDR.unpack_from(self._mm, 0)
-        if version != VERSION or hsize != HEADER_SIZE or capacity != self.capacity:
-            raise ShmError(
-                f"shared memory segment {self.name} has an unknown layout (version {version}, "
-                f"capacity {capacity}); remove it with `logsdk shm remove {self.name}`"
-            )
-        owner = pid_b.rstrip(b"\0").decode(errors="replace")
-        if owner and owner != producer_id:
-            raise ShmError(
-                f"shared memory segment {self.name} holds records of producer {owner}, but "
-                f"this spool dir belongs to producer {producer_id}; start the producer on the "
-                f"spool dir {self._header_dir()!r} to resend them, or remove the segment"
-            )
-
-    def _header_dir(self) -> str:
-        (n,) = struct.unpack_from("<H", self._mm, _DIR_OFF - 2)
-        return bytes(self._mm[_DIR_OFF : _DIR_OFF + min(n, _DIR_MAX)]).decode(errors="replace")
 
     # -- writing (caller serialises) -------------------------------------------------------
 
@@ -408,8 +309,8 @@ class ShmRing:
             hb, hl = b"", -1
         else:
             hl = len(hb)
-        n = _FIXED + len(tb) + len(k) + len(v) + len(hb)
-        size = (_FRAME + n + 7) & ~7
+        n = FIXED + len(tb) + len(k) + len(v) + len(hb)
+        size = (FRAME + n + 7) & ~7
         pos = self._head
         if pos + size > self._fast_until:
             # The frame wraps, the ring may be full, or the head is due to be published.
@@ -419,11 +320,11 @@ class ShmRing:
         b = HEADER_SIZE + pos % self.capacity
         # One copy of the payload: the body is assembled once, written once, summed once.
         body = b"".join(
-            (_BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl), tb, k, v, hb)
+            (BODY.pack(n, pos, seq, -1 if ts is None else ts, len(tb), kl, vl, hl), tb, k, v, hb)
         )
         mm = self._mm
         mm[b + 12 : b + 24 + n] = body
-        _F3.pack_into(mm, b, _REC, crc32(body), 0)  # magic and CRC last: see the layout
+        F3.pack_into(mm, b, REC, crc32(body), 0)  # magic and CRC last: see _frames
         self._open[seq] = pos
         self._head = pos + size
         return True
@@ -445,12 +346,7 @@ class ShmRing:
                 )
             return False
         if size > room:
-            mm = self._mm
-            if room >= _FRAME:  # below that, readers skip to the next lap by themselves
-                pad = _PADBODY.pack(room - _FRAME, pos)
-                b = HEADER_SIZE + off
-                mm[b + 12 : b + 24] = pad
-                _F3.pack_into(mm, b, _PAD, crc32(pad), 0)
+            write_pad(self._mm, pos, room, cap)
             pos += room
             off = 0
             self._head = pos
@@ -521,11 +417,11 @@ class ShmRing:
             self._drain()
 
     def _publish_head(self, head: int) -> None:
-        _publish_slot(self._mm, _HEAD_OFF, head)
+        publish_index(self._mm, HEAD_OFF, head)
         self._head_pub = head  # only now may a drain move the tail up to it
 
     def _publish_tail(self, tail: int) -> None:
-        _publish_slot(self._mm, _TAIL_OFF, tail)
+        publish_index(self._mm, TAIL_OFF, tail)
         self._tail = tail  # only now may put() reuse the space behind it
 
     @property
@@ -546,131 +442,6 @@ class ShmRing:
         }
 
     # -- reading (recovery, inspection) -----------------------------------------------------
-
-    def _recover(self, quiet: bool = False) -> None:
-        head, tail = _slot(self._mm, _HEAD_OFF), _slot(self._mm, _TAIL_OFF)
-        cap = self.capacity
-        if any(x is not None and x > _POS_MAX for x in (head, tail)):
-            # No ring gets there (2**62 bytes written); a crafted or damaged header does,
-            # and positions past it would overflow the u64 fields.
-            raise ShmError(
-                f"shared memory segment {self.name}: head/tail position out of range "
-                f"({head}, {tail}); the segment is damaged: remove it (logsdk shm remove "
-                f"{self.name})"
-            )
-        if head is None:
-            if not quiet:
-                log.error("shm %s: head index unreadable; scanning one full lap", self.name)
-            head = (tail or 0) + cap
-        if tail is None or tail > head or head - tail > cap:
-            if not quiet:
-                log.error("shm %s: tail index unreadable; scanning one full lap", self.name)
-            tail = max(0, head - cap)
-        rows: list[Row] = []
-        limit = min(tail + cap, head + 2 * self._sync)
-        # Positions go on after the scanned window (reset()), past every frame written
-        # after the head was published: none of those can ever match a new position.
-        self._head, self._tail = max(head, limit), tail
-        for off in self._valid_frames(tail, head, limit):
-            if self._mm[off + 8] == 0:
-                row = self._decode(off)
-                if row is None:
-                    self.corrupt += 1
-                else:
-                    rows.append(row)
-        self.recovered = rows
-        if self.corrupt and not quiet:
-            log.error(
-                "shm %s: %d corrupt region(s) skipped while reading the ring",
-                self.name,
-                self.corrupt,
-            )
-
-    def _valid_frames(self, tail: int, head: int, limit: int) -> Iterator[int]:
-        """Byte offsets of the valid REC frames from ``tail`` on: up to the published
-        ``head``, then those starting before ``limit`` (written after the head was last
-        published). Counts the corrupt regions: an invalid region followed by a valid
-        frame, or one before ``head``; past ``head``, an invalid region with no valid frame
-        after it is the end (a write a crash interrupted, or nothing)."""
-        cap = self.capacity
-        end = tail + cap  # no frame reaches past this
-        pos = tail
-        while pos < limit:
-            room = cap - pos % cap
-            if room < _FRAME:
-                pos += room
-                continue
-            size = self._frame_size(pos, end)
-            if size is None:
-                nxt = self._resync(pos + 8, limit, end)
-                if nxt < limit or pos < head:
-                    self.corrupt += 1
-                pos = nxt
-                continue
-            off = HEADER_SIZE + pos % cap
-            if struct.unpack_from("<I", self._mm, off)[0] == _REC:
-                yield off
-            pos += size
-
-    def _frame_size(self, pos: int, end: int) -> int | None:
-        """Size of the valid frame at ``pos`` (PAD: up to the lap's end), None if invalid."""
-        cap = self.capacity
-        room = cap - pos % cap
-        if room < _FRAME or pos % 8:
-            return None
-        b = HEADER_SIZE + pos % cap
-        magic, crc, _flags, n, fpos = _FHDR.unpack_from(self._mm, b)
-        if fpos != pos:
-            return None
-        if magic == _PAD:
-            if n != room - _FRAME or crc32(self._mm[b + 12 : b + 24]) != crc:
-                return None
-            return room
-        if magic != _REC or n < _FIXED or _FRAME + n > room:
-            return None
-        size = (_FRAME + int(n) + 7) & ~7
-        if pos + size > end or crc32(self._mm[b + 12 : b + _FRAME + n]) != crc:
-            return None
-        return size
-
-    def _resync(self, pos: int, limit: int, end: int) -> int:
-        """The position of the next valid frame starting at or after ``pos`` and before
-        ``limit`` (``limit`` if none); no frame reaches past ``end``."""
-        cap, mm = self.capacity, self._mm
-        pos = (pos + 7) // 8 * 8
-        while pos < limit:
-            off = pos % cap
-            stop = min(limit, pos + cap - off)  # this lap's end
-            lo, hi = HEADER_SIZE + off, HEADER_SIZE + off + (stop - pos)
-            i = mm.find(_FMAGIC, lo, hi)
-            while i != -1:
-                cand = pos + (i - lo)
-                if cand % 8 == 0 and self._frame_size(cand, end) is not None:
-                    return cand
-                i = mm.find(_FMAGIC, i + 1, hi)
-            pos = stop
-        return end
-
-    def _decode(self, off: int) -> Row | None:
-        mm = self._mm
-        n = struct.unpack_from("<I", mm, off + 12)[0]
-        seq, ts, tl, kl, vl, hl = _PAYLOAD.unpack_from(mm, off + _FRAME)
-        if tl + max(kl, 0) + max(vl, 0) + max(hl, 0) != n - _FIXED:
-            return None
-        i = off + _FRAME + _FIXED
-        try:
-            topic = bytes(mm[i : i + tl]).decode()
-        except UnicodeDecodeError:
-            return None
-        i += tl
-        parts: list[bytes | None] = []
-        for ln in (kl, vl, hl):
-            if ln < 0:
-                parts.append(None)
-            else:
-                parts.append(bytes(mm[i : i + ln]))
-                i += ln
-        return (topic, parts[0], parts[1], parts[2], None if ts < 0 else ts, seq)
 
 
 def _first_key(d: dict[int, int]) -> int | None:
@@ -710,168 +481,3 @@ def _leave_segments_to_parent() -> None:
 
 
 at_fork_in_child(_leave_segments_to_parent)
-
-
-def _reserve(name: str, fd: int, size: int) -> None:
-    """Size the segment and allocate every page of it now. A sparse segment on a full
-    /dev/shm would kill the process with SIGBUS at the first write to a page that cannot
-    be allocated; here it is a clear error at open instead."""
-    try:
-        os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # give back what was allocated
-        free = ""
-        with contextlib.suppress(OSError):
-            st = os.statvfs(SHM_DIR)
-            free = f" ({st.f_bavail * st.f_frsize >> 20} MiB free in {SHM_DIR})"
-        raise ShmError(
-            f"cannot allocate {size} bytes for shared memory segment {name}{free}: {exc}; "
-            "lower shm_bytes or make room in /dev/shm"
-        ) from exc
-
-
-def _map(fd: int, size: int) -> mmap.mmap:
-    """Map the whole segment read-write, its page tables filled at once where the platform
-    can (MAP_POPULATE): no page fault on the send path during the first lap."""
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(fd, size, flags=flags)
-
-
-def _publish_slot(mm: mmap.mmap | bytearray, off: int, value: int) -> None:
-    """Store an index (head or tail) at ``off``: the first copy, then the second.
-
-    Two slice assignments (each a plain copy), not one ``pack_into`` over both copies:
-    CPython's ``pack_into`` zero-fills its whole target before it writes the fields, and a
-    SIGKILL at that instant left both copies zero, the head unreadable, and the next
-    reader scanning a whole lap of stale frames (seen once in 20 random SIGKILLs).
-    """
-    b = _SLOT.pack(value, value ^ _MASK)
-    mm[off : off + 16] = b
-    mm[off + 16 : off + 32] = b
-
-
-def _slot(mm: mmap.mmap | bytearray, off: int) -> int | None:
-    a, ac, b, bc = _SLOTS.unpack_from(mm, off)
-    if a ^ _MASK == ac:
-        return int(a)
-    if b ^ _MASK == bc:
-        return int(b)
-    return None
-
-
-def _owner_pid(fd: int) -> int:
-    try:
-        with mmap.mmap(fd, HEADER_SIZE, prot=mmap.PROT_READ) as mm:
-            return int(_HDR.unpack_from(mm, 0)[4])
-    except (OSError, ValueError):
-        return 0
-
-
-# -- inspection (the CLI) ---------------------------------------------------------------------
-
-
-def _owner_alive(fd: int) -> bool:
-    """True while a live process holds the segment's ownership lock."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return False
-
-
-def inspect(name: str) -> SegmentInfo:
-    """Read a segment without taking it over (its owner may be alive and writing)."""
-    try:
-        shm = posix_ipc.SharedMemory(name, 0)
-    except posix_ipc.ExistentialError:
-        raise ShmError(f"no shared memory segment named {name}") from None
-    except (posix_ipc.Error, OSError) as exc:
-        raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
-    try:
-        size = os.fstat(shm.fd).st_size
-        alive = _owner_alive(shm.fd)
-        if size < HEADER_SIZE + MIN_CAPACITY:
-            raise ShmError(f"{name} is not a logsdk ring ({size} bytes)")
-        with mmap.mmap(shm.fd, size, prot=mmap.PROT_READ) as mm:
-            magic, _v, _h, capacity, pid, _r, _r2, pid_b, dlen = _HDR.unpack_from(mm, 0)
-            if magic != MAGIC or capacity != size - HEADER_SIZE:
-                raise ShmError(f"{name} is not a logsdk ring")
-            spool_dir = bytes(mm[_DIR_OFF : _DIR_OFF + min(dlen, _DIR_MAX)]).decode(
-                errors="replace"
-            )
-            ring = ShmRing(name, shm, mm)
-            ring._recover(quiet=True)
-            pending, corrupt = len(ring.recovered), ring.corrupt
-    finally:
-        shm.close_fd()
-    return SegmentInfo(
-        name=name,
-        size=size,
-        capacity=capacity,
-        pending=pending,
-        corrupt=corrupt,
-        owner_pid=pid,
-        owner_alive=alive,
-        producer_id=pid_b.rstrip(b"\0").decode(errors="replace"),
-        spool_dir=spool_dir,
-    )
-
-
-def list_segments() -> list[str]:
-    """Names of the logsdk rings this user can see (Linux: the files in /dev/shm)."""
-    names: list[str] = []
-    try:
-        entries = sorted(os.scandir(SHM_DIR), key=lambda e: e.name)
-    except OSError:
-        return names
-    uid = os.geteuid()
-    for e in entries:
-        try:
-            if not e.is_file() or e.stat().st_uid != uid:
-                continue
-            with open(e.path, "rb") as f:
-                if f.read(8) == MAGIC:
-                    names.append("/" + e.name)
-        except OSError:
-            continue
-    return names
-
-
-def remove(name: str) -> None:
-    """Unlink a segment; refuses while its owner is alive."""
-    info = inspect(name)
-    if info.owner_alive:
-        raise ShmInUseError(
-            f"{name} is owned by a live process (pid {info.owner_pid}); close that producer"
-        )
-    try:
-        posix_ipc.unlink_shared_memory(name)
-    except posix_ipc.ExistentialError:
-        raise ShmError(f"no shared memory segment named {name}") from None
-
-
-def open_for_producer(spool: Spool, name: str | None, capacity: int) -> ShmRing:
-    """Attach a producer's ring. Records a dead owner left unsettled are committed to the
-    spool first (one transaction, with their original seq), so the ordinary replay path
-    resends them, oldest first, with the same ``logsdk.producer``/``logsdk.seq`` headers."""
-    seg = segment_name(name, spool.directory)
-    ring = ShmRing.attach(seg, capacity, spool.producer_id, spool.directory)
-    rows = ring.recovered
-    if rows:
-        try:
-            spool.append(rows)
-            ring.reset()  # only now: until the commit, the ring is their only copy
-        except BaseException:
-            ring.close(unlink=False)
-            raise
-        ring.n_recovered = len(rows)
-        log.warning(
-            "shm %s: %d unacknowledged record(s) left by a dead producer moved to the spool; "
-            "they are resent first",
-            seg,
-            len(rows),
-        )
-    return ring

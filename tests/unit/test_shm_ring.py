@@ -18,7 +18,7 @@ import pytest
 
 from logsdk.errors import RecordTooLargeError, ShmError, ShmInUseError
 from logsdk.shm import ShmRing, inspect, list_segments, remove, segment_name
-from logsdk.shm._ring import HEADER_SIZE, _publish_slot, _slot
+from logsdk.shm._segment import HEADER_SIZE, publish_index, read_index
 
 CAP = 64 * 1024
 PID = "p" * 32
@@ -153,7 +153,7 @@ def test_frames_past_the_published_head_are_read_back_a_torn_write_is_not(
     ring = ShmRing.attach(name, CAP, PID, tmp_path)
     for i in range(10):
         ring.put(rec(i))
-    assert _slot(segment_bytes(name, HEAD_SLOTS, 32), 0) == 0  # not published yet
+    assert read_index(segment_bytes(name, HEAD_SLOTS, 32), 0) == 0  # not published yet
     crash(ring)
     write_at(name, frame_start(name, 9), bytes(12))  # body written, header not yet
     assert reread(name, tmp_path) == (list(range(9)), 0)
@@ -169,7 +169,7 @@ def test_a_torn_copy_of_the_head_falls_back_to_the_other(name: str, tmp_path: Pa
             ring.settle(i - 50)
     ring.drain_settled()  # as the producer's pump does after each poll
     slots = segment_bytes(name, HEAD_SLOTS, 32)
-    assert _slot(slots, 0) not in (None, 0)
+    assert read_index(slots, 0) not in (None, 0)
     crash(ring)
     write_at(name, HEAD_SLOTS, b"\xff" * 5 + slots[5:16] + slots[16:])
     assert reread(name, tmp_path) == (list(range(250, 300)), 0)
@@ -187,7 +187,7 @@ def test_corrupt_frames_are_counted_and_skipped_never_hiding_later_ones(
     ring = ShmRing.attach(name, CAP, PID, tmp_path)
     for i in range(200):
         ring.put(rec(i))
-    head = _slot(segment_bytes(name, HEAD_SLOTS, 32), 0)
+    head = read_index(segment_bytes(name, HEAD_SLOTS, 32), 0)
     assert head is not None
     assert 0 < head < frame_start(name, 198) - HEADER_SIZE  # 198 is past the published head
     crash(ring)
@@ -472,10 +472,10 @@ def test_an_index_torn_by_a_crash_reads_as_the_old_or_the_new_value() -> None:
     never as unreadable (which made the next reader scan a lap of stale frames)."""
     old, new = 567_488, 567_560
     rec = _Recorder(32)
-    _publish_slot(rec, 0, old)
+    publish_index(rec, 0, old)
     before = bytes(rec)
     rec.writes.clear()
-    _publish_slot(rec, 0, new)
+    publish_index(rec, 0, new)
     steps = rec.writes
     assert len(steps) == 2
     assert all(len(b) == 16 for _, b in steps)
@@ -486,10 +486,10 @@ def test_an_index_torn_by_a_crash_reads_as_the_old_or_the_new_value() -> None:
                 buf[o : o + len(d)] = d
             for j in landed:
                 buf[off + j] = data[j]
-            assert _slot(buf, 0) in (old, new), (i, landed)
+            assert read_index(buf, 0) in (old, new), (i, landed)
     # What one pack_into over both copies could leave (CPython zero-fills its target
     # first): both copies unreadable. No layout survives that state, hence two writes.
-    assert _slot(bytearray(32), 0) is None
+    assert read_index(bytearray(32), 0) is None
 
 
 def test_a_ring_larger_than_dev_shm_is_a_clear_error_at_open(name: str, tmp_path: Path) -> None:
@@ -547,7 +547,7 @@ def test_a_crash_between_any_two_operations_resends_every_open_record(
                 os.ftruncate(shm.fd, HEADER_SIZE + CAP)
                 with mmap.mmap(shm.fd, HEADER_SIZE + CAP) as mm:
                     mm[:] = ring._mm[:]
-                    head, tail = _slot(mm, HEAD_SLOTS), _slot(mm, HEAD_SLOTS + 32)
+                    head, tail = read_index(mm, HEAD_SLOTS), read_index(mm, HEAD_SLOTS + 32)
                     assert head is not None
                     assert tail is not None
                     assert tail <= head, op  # else a reader takes the indexes as torn
@@ -571,7 +571,7 @@ def test_a_crash_between_any_two_operations_resends_every_open_record(
 def test_a_crafted_head_near_2_64_is_refused_in_bounded_time(name: str, tmp_path: Path) -> None:
     """A segment whose head and tail were set near 2**64 (crafted, or damaged) is refused
     with ShmError by inspect() and attach(), never a struct.error or a scan of 2**64."""
-    from logsdk.shm._ring import _HEAD_OFF, _TAIL_OFF
+    from logsdk.shm._segment import HEAD_OFF, TAIL_OFF
 
     ring = ShmRing.attach(name, 64 * 1024, "p" * 32, tmp_path)
     for i in range(5):
@@ -580,8 +580,8 @@ def test_a_crafted_head_near_2_64_is_refused_in_bounded_time(name: str, tmp_path
     shm = posix_ipc.SharedMemory(name, 0)
     try:
         with mmap.mmap(shm.fd, HEADER_SIZE) as mm:
-            _publish_slot(mm, _HEAD_OFF, (1 << 64) - 5)
-            _publish_slot(mm, _TAIL_OFF, (1 << 64) - 100)
+            publish_index(mm, HEAD_OFF, (1 << 64) - 5)
+            publish_index(mm, TAIL_OFF, (1 << 64) - 100)
     finally:
         shm.close_fd()
     with pytest.raises(ShmError, match="out of range"):
