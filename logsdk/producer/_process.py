@@ -48,7 +48,7 @@ from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig
 from logsdk.producer._pump import Pump, State
 from logsdk.producer._tally import Tally
-from logsdk.shm._ring import inspect, segment_name
+from logsdk.shm import inspect, segment_name
 from logsdk.spool._slots import orphans, slot_path, slot_shm_name, spooled_records
 
 if TYPE_CHECKING:

@@ -75,8 +75,9 @@ from logsdk.producer._records import (
     _user_headers,
 )
 from logsdk.producer._replay import Replayer
+from logsdk.producer._shm import open_for_producer
 from logsdk.producer._tally import Tally
-from logsdk.shm._ring import ShmRing, open_for_producer
+from logsdk.shm._ring import ShmRing
 from logsdk.spool._slots import open_slot, slot_shm_name
 from logsdk.spool._spool import Spool
 
