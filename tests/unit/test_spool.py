@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logsdk.errors import ConfigError, SpoolCorruptError, SpoolLockedError
+from logsdk.errors import ConfigError, SpoolCorruptError, SpoolError, SpoolLockedError
 from logsdk.spool import Spool, decode_headers, encode_headers
 from logsdk.spool._codec import row_size
 from logsdk.spool._rows import id_runs
+from logsdk.spool._state import read_state
 
 #: Pure functions: Hypothesis's per-example deadline (200 ms) only fails them when the
 #: machine is loaded (seen: id_runs over 200 ids at a load average of 38).
@@ -533,3 +534,43 @@ def test_a_spool_written_before_the_watermark_opens_with_its_rows(tmp_path: Path
         assert _rows_in_file(tmp_path, "records") == [1, 2]
     finally:
         sp.close()
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [
+        ('{"producer_id": "p", "seq_reserved": 5}', "ok"),
+        ('{"producer_id": "p"}', "ok"),
+        (None, "missing"),
+        ("LINK", "link"),
+        ("DIR", "directory"),
+        ("{not json", "malformed"),
+        ("[1, 2]", "malformed"),
+        ('{"producer_id": 7}', "malformed"),
+        ('{"producer_id": "p", "seq_reserved": "5"}', "malformed"),
+        ('{"producer_id": "p", "seq_reserved": true}', "malformed"),
+    ],
+)
+def test_state_json_has_one_reader_that_never_follows_a_link(
+    tmp_path: Path, content: str | None, found: str
+) -> None:
+    """read_state, the one reader of state.json (spool, check, CLI): the file is usable
+    only as a JSON object with a text producer_id and an integer seq_reserved, never
+    through a symbolic link; otherwise it says why. The spool's open refuses a link or a
+    directory in its place."""
+    state = tmp_path / "state.json"
+    if content == "LINK":
+        real = tmp_path / "elsewhere.json"
+        real.write_text('{"producer_id": "p"}')
+        state.symlink_to(real)
+    elif content == "DIR":
+        state.mkdir()
+    elif content is not None:
+        state.write_text(content)
+    got = read_state(tmp_path)
+    assert got.found == found
+    assert (got.producer_id == "p") == (found == "ok")
+    assert (got.problem is None) == (found == "ok")
+    if found in ("link", "directory"):
+        with pytest.raises(SpoolError, match=r"state\.json is a symbolic link or a directory"):
+            Spool(tmp_path).open()
