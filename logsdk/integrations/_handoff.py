@@ -205,7 +205,7 @@ class Handoff:
         self._left = left
         return left
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a forked child: the parent's queue, thread and locks are left as they were
         (kept, never freed: a lock may have been held at the fork); a fresh start."""
         _fork.bury(self._q)
@@ -216,7 +216,7 @@ class Handoff:
 
 def _after_fork_in_child() -> None:
     for h in list(_LIVE):
-        h._forked()
+        h.forked()
 
 
 def close_all() -> None:

@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - depends on the install
 from logsdk import _fork
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
+from logsdk.producer._process import close_at_exit
 
 log = logging.getLogger("logsdk.integrations")
 
@@ -157,7 +158,7 @@ class JsonSender:
             # An application that simply exits still delivers: exit hooks run while the
             # producer's daemon threads are alive (logging.shutdown() closes a handler too),
             # in a forked or multiprocessing child as well.
-            producer._close_at_exit(self.close_timeout)
+            close_at_exit(producer, self.close_timeout)
         else:
             self.owned = False
         self.producer = producer
@@ -235,7 +236,7 @@ class JsonSender:
         if self.owned:
             self.producer.close(timeout=self.close_timeout)
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a forked child (one thread runs): the parent's lock is kept, never freed or
         used (one of its threads may have held it at the fork); a fresh one, and a count
         of the child's own drops."""
@@ -252,7 +253,7 @@ _LIVE: weakref.WeakSet[JsonSender] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for sender in list(_LIVE):
-        sender._forked()
+        sender.forked()
 
 
 _fork.at_fork_in_child(_after_fork_in_child)

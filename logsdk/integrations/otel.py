@@ -70,7 +70,7 @@ from logsdk.errors import ConfigError, LogSDKError, ProducerClosedError
 from logsdk.integrations._sender import utf8
 from logsdk.producer import LogProducer
 from logsdk.producer._config import check_seconds
-from logsdk.producer._process import leaving
+from logsdk.producer._process import close_at_exit, leaving
 
 log = logging.getLogger("logsdk.integrations.otel")
 
@@ -247,11 +247,11 @@ def decode_otlp(value: bytes, encoding: str = "otlp_proto") -> list[dict[str, An
     return out
 
 
-#: The exporters made in this process (see ``_flush_at_exit``).
+#: The exporters made in this process (see ``flush_at_exit``).
 _EXPORTERS: weakref.WeakSet[KafkaLogExporter] = weakref.WeakSet()
 
 
-def _flush_at_exit() -> None:
+def flush_at_exit() -> None:
     """Run by logsdk's exit hook before it closes any producer: the global
     ``LoggerProvider``, when it is the SDK's, exports what its processors hold (one made
     with ``shutdown_on_exit=False`` is flushed by nothing else)."""
@@ -314,7 +314,7 @@ class KafkaLogExporter(LogRecordExporter):
             self._producer_kwargs = producer_kwargs  # to make it again after the exit hook
             # An app that simply exits still delivers (as the logging adapters): the
             # producer is closed at interpreter exit and at a multiprocessing child's end.
-            self.producer._close_at_exit(self.close_timeout)
+            close_at_exit(self.producer, self.close_timeout)
         else:
             self.producer = producer
             self._owned = False
@@ -437,7 +437,7 @@ class KafkaLogExporter(LogRecordExporter):
                 raise ProducerClosedError(
                     f"the producer was closed at exit and cannot be made again: {exc}"
                 ) from exc
-            self.producer._close_at_exit(self.close_timeout)
+            close_at_exit(self.producer, self.close_timeout)
             self._after_exit_hook = True
             log.debug("export after logsdk's exit hook: producer made again on its spool_dir")
             self.producer.send(payload, topic=self.topic)

@@ -19,7 +19,7 @@ import time
 
 from logsdk._owner import Owner
 from logsdk.errors import SpoolError
-from logsdk.producer._tally import Tally
+from logsdk.producer._counters import Counters
 from logsdk.spool._spool import Spool
 
 log = logging.getLogger("logsdk.producer")
@@ -28,9 +28,9 @@ log = logging.getLogger("logsdk.producer")
 class DiskAlarm:
     """Whether the spool can be used now (see the module docstring)."""
 
-    def __init__(self, spool: Spool, errors: Tally, owner: Owner) -> None:
+    def __init__(self, spool: Spool, counters: Counters, owner: Owner) -> None:
         self._spool = spool
-        self._errors = errors
+        self._counters = counters
         self._owner = owner
         #: Why the disk cannot be used, or None. Published.
         self.reason: str | None = None
@@ -63,7 +63,7 @@ class DiskAlarm:
             log.error("spool unusable, records kept in memory until it recovers: %s", exc)
         self.reason = str(exc)
         self._op = op
-        self._errors.add("spool_io")
+        self._counters.error("spool_io")
         self._retry_at = time.monotonic() + 1.0
 
     def _rebuild(self, exc: SpoolError) -> bool:
@@ -71,7 +71,7 @@ class DiskAlarm:
         if now - self._rebuilt_at < 60.0:
             return False  # damaged again so soon: the disk itself fails; raise the alarm
         self._rebuilt_at = now
-        self._errors.add("spool_rebuilt")
+        self._counters.error("spool_rebuilt")
         try:
             self._spool.rebuild(str(exc))
         except SpoolError as again:

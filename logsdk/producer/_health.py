@@ -12,27 +12,36 @@ Invariants owned here:
   ``stall_timeout_s`` ask for a degrade, and so do two failed probes in a row of the
   live client;
 - at its start and every ``_SLOT_SCAN_S`` it looks for slots of ``spool_dir`` that
-  other processes left with records (:mod:`logsdk.producer._process`: drained only
+  other processes left with records (:mod:`logsdk.producer._drains`: drained only
   while Kafka answers).
 
-Owner: the health thread, for its own loop's state; :meth:`Health.hurry` and
-``close_deadline`` are for flush()/close() (any thread), under ``_lock``.
+What to do next is decided by :func:`decide`, a pure step: from what the thread saw this
+round (:class:`Seen`: the time, the state, the outage, progress, a probe's outcome) and
+what it remembers (:class:`Memory`: good and bad probes, the backoff, when to probe and
+scan next), it returns the next memory and what to do (:class:`Action`). The thread only
+observes, carries the action out, and waits.
+
+Owner: the health thread, for its memory; :meth:`Health.hurry` and :meth:`Health.close_by`
+are for flush()/close() (any thread), under ``_lock``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig
+from logsdk.producer._counters import Counters
 from logsdk.producer._inflight import InFlight
 from logsdk.producer._pump import Pump, State
 from logsdk.producer._replay import Replayer
-from logsdk.producer._tally import Tally
 
 log = logging.getLogger("logsdk.producer")
 
@@ -42,6 +51,142 @@ log = logging.getLogger("logsdk.producer")
 _JITTER = random.SystemRandom()
 _SLOT_SCAN_S = 10.0  # how often free slots of spool_dir are looked at for leftovers
 _BACKOFF_START_S = 0.1  # the health thread's first pause after a failed probe (doubles)
+#: The pause between rounds while nothing asks for another (and after a good probe).
+TICK_S = 0.1
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the decisions depend on, fixed when the health thread is made."""
+
+    stall_timeout_s: float
+    probe_interval_s: float
+    probe_backoff_max_s: float
+    recovery_probes: int
+    backoff_start_s: float = _BACKOFF_START_S
+    scan_every_s: float = _SLOT_SCAN_S
+
+    @classmethod
+    def of(cls, config: ProducerConfig) -> Rules:
+        """The rules of a producer with ``config`` (and the module's constants as they are
+        now)."""
+        return cls(
+            stall_timeout_s=config.stall_timeout_s,
+            probe_interval_s=config.probe_interval_s,
+            probe_backoff_max_s=config.probe_backoff_max_s,
+            recovery_probes=config.recovery_probes,
+            backoff_start_s=_BACKOFF_START_S,
+            scan_every_s=_SLOT_SCAN_S,
+        )
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the health thread observed this round."""
+
+    now: float
+    state: State
+    #: The pump's outage count (each degrade starts a new one).
+    epoch: int
+    #: Records in flight (fresh or replayed).
+    in_flight: bool
+    #: When Kafka last acknowledged something, or nothing was in flight (the later).
+    progress: float
+    #: close() began: no more slot scans.
+    closing: bool
+    #: flush() or close() wait for Kafka: no backoff after a failed probe.
+    urgent: bool
+    #: A live client to probe through (ONLINE; none before the first send()).
+    client: bool
+    #: A draw in [0, 1) for the backoff's jitter.
+    jitter: float
+    #: The probe this round asked for, once made: True if Kafka answered. None before.
+    probe: bool | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the health thread remembers between rounds."""
+
+    good: int = 0  # good probes in a row in the current outage
+    bad: int = 0  # failed probes in a row of the live client
+    backoff: float = _BACKOFF_START_S
+    next_probe: float = float("-inf")
+    epoch: int = -1  # the outage whose probes ``good`` counts
+    next_scan: float = float("-inf")  # at once: the constructor starts no drain
+
+
+@dataclass(frozen=True)
+class Action:
+    """What to do this round, in this order: scan the free slots, probe, ask the pump for
+    a degrade or a recovery, note that Kafka answered, then wait."""
+
+    memory: Memory
+    scan: bool = False
+    #: Probe through the live client, or with a fresh one (then decide again with the
+    #: outcome in ``Seen.probe``).
+    probe: Literal["client", "fresh"] | None = None
+    degrade: str | None = None
+    recover: int | None = None  # the outage to recover from
+    answered: bool = False
+    wait: float = TICK_S
+    #: The wait ends early when flush() or close() hurry the thread.
+    wakeable: bool = False
+
+
+def decide(rules: Rules, memory: Memory, seen: Seen) -> Action:
+    """The health thread's next step (pure: see the module docstring)."""
+    if seen.probe is not None:
+        return _probed(rules, memory, seen, seen.probe)
+    m = memory
+    scan = seen.now >= m.next_scan and not seen.closing
+    if scan:
+        m = dataclasses.replace(m, next_scan=seen.now + rules.scan_every_s)
+    if seen.state in (State.ONLINE, State.RECOVERING):
+        m = dataclasses.replace(m, backoff=rules.backoff_start_s, good=0)
+        if seen.in_flight and seen.now - seen.progress > rules.stall_timeout_s:
+            why = f"no acknowledgement for {rules.stall_timeout_s:g}s with records in flight"
+            return Action(m, scan, degrade=why)
+        if seen.state is State.ONLINE and seen.now >= m.next_probe:
+            if seen.client:
+                return Action(m, scan, probe="client")
+            # No client yet (nothing sent): nothing to probe through, nothing failed.
+            m = dataclasses.replace(m, bad=0, next_probe=seen.now + rules.probe_interval_s)
+        return Action(m, scan)
+    if seen.state is State.DEGRADED:
+        if seen.epoch != m.epoch:  # a new outage: earlier probes do not count
+            m = dataclasses.replace(
+                m, epoch=seen.epoch, good=0, bad=0, backoff=rules.backoff_start_s
+            )
+        return Action(m, scan, probe="fresh")
+    return Action(m, scan)
+
+
+def _probed(rules: Rules, m: Memory, seen: Seen, ok: bool) -> Action:
+    """The outcome of the probe :func:`decide` asked for in the state ``seen.state``."""
+    if seen.state is State.DEGRADED:  # a fresh client's probe
+        if ok:
+            good = m.good + 1
+            if good >= rules.recovery_probes:
+                m = dataclasses.replace(m, good=0, backoff=rules.backoff_start_s)
+                return Action(m, answered=True, recover=m.epoch)
+            return Action(
+                dataclasses.replace(m, good=good, backoff=rules.backoff_start_s), answered=True
+            )
+        delay = m.backoff * (0.5 + seen.jitter)  # jitter: no thundering herd
+        if seen.urgent:
+            # flush() or close() waits for Kafka: probe again now. (A probe of an
+            # unreachable cluster lasts its timeout, which paces them.)
+            delay = min(delay, TICK_S)
+        backoff = min(m.backoff * 2, rules.probe_backoff_max_s)
+        return Action(dataclasses.replace(m, good=0, backoff=backoff), wait=delay, wakeable=True)
+    # A probe through the live client (ONLINE).
+    bad = 0 if ok else m.bad + 1
+    degrade = None
+    if bad >= 2:
+        degrade, bad = "health probe failed twice", 0
+    m = dataclasses.replace(m, bad=bad, next_probe=seen.now + rules.probe_interval_s)
+    return Action(m, answered=ok, degrade=degrade)
 
 
 class Health:
@@ -53,99 +198,123 @@ class Health:
         pump: Pump,
         flight: InFlight,
         replay: Replayer,
-        errors: Tally,
+        counters: Counters,
         stop: threading.Event,
         scan_slots: Callable[[], None],
         closing: Callable[[], bool],
     ) -> None:
         self._config = config
+        self._rules = Rules.of(config)
         self._pump = pump
         self._flight = flight
         self._replay = replay
-        self._errors = errors
+        self._counters = counters
         self._stop = stop
         self._scan_slots = scan_slots
         self._closing = closing
         self._lock = threading.Lock()  # a leaf lock: _urgent
         self._urgent = 0  # flush() or close() waiting for Kafka: probe without backoff
-        self.wake = threading.Event()
+        self._wake = threading.Event()
         #: Set by close(): probes end by then. Published.
-        self.close_deadline: float | None = None
-        self.thread = threading.Thread(target=self._run, name="logsdk-health", daemon=True)
+        self._close_deadline: float | None = None
+        self._thread = threading.Thread(target=self._run, name="logsdk-health", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (the producer's start, after the pump's)."""
+        self._thread.start()
 
     def hurry(self, delta: int) -> None:
         """flush()/close() start (+1) or stop (-1) waiting for Kafka (any thread)."""
         with self._lock:
             self._urgent += delta
-        self.wake.set()
+        self._wake.set()
+
+    def close_by(self, deadline: float) -> None:
+        """close() began: probes end by ``deadline`` (any thread)."""
+        self._close_deadline = deadline
+
+    def wake(self) -> None:
+        """End a backoff wait now (close(), after the producer's stop is set)."""
+        self._wake.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the thread to end; True if it did (or never ran)."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _probe_timeout(self) -> float:
         """A probe's timeout: ``probe_timeout_s``, within what close() has left (>= 0.2 s)."""
         t = self._config.probe_timeout_s
-        deadline = self.close_deadline
+        deadline = self._close_deadline
         if deadline is not None:
             t = min(t, max(0.2, deadline - time.monotonic()))
         return t
 
+    def _see(self) -> Seen:
+        pump, flight = self._pump, self._flight
+        return Seen(
+            now=time.monotonic(),
+            state=pump.state,
+            epoch=pump.epoch,
+            in_flight=flight.outstanding() > 0 or bool(self._replay.inflight),
+            progress=max(flight.last_ack, pump.last_idle),
+            closing=self._closing(),
+            urgent=self._urgent > 0,
+            client=flight.client is not None,
+            jitter=_JITTER.random(),
+        )
+
+    def _probe(self, how: Literal["client", "fresh"]) -> bool | None:
+        """Probe the cluster: True if it answered; None when the live client to probe
+        through is gone (retired since it was seen)."""
+        cfg = self._config
+        if how == "fresh":
+            return _client.probe(cfg.probe_config(), cfg.topic, self._probe_timeout(), self._stop)
+        client = self._flight.client
+        if client is None:
+            return None
+        return _client.client_probe(client, cfg.topic, cfg.probe_timeout_s, self._stop)
+
     def _run(self) -> None:
-        cfg, pump, flight = self._config, self._pump, self._flight
-        topic = cfg.topic
-        good = bad = 0
-        backoff = _BACKOFF_START_S
-        next_probe = time.monotonic()
-        epoch = -1  # the degrade whose probes ``good`` counts
-        next_scan = time.monotonic()  # at once: the constructor starts no drain
+        rules, memory = self._rules, Memory(backoff=self._rules.backoff_start_s)
+        requests, flight = self._pump.requests, self._flight
         while not self._stop.is_set():
-            state = pump.state
-            now = time.monotonic()
-            if now >= next_scan and not self._closing():
-                next_scan = now + _SLOT_SCAN_S
+            seen = self._see()
+            act = decide(rules, memory, seen)
+            if act.scan:
                 try:
                     self._scan_slots()
                 except Exception:  # a bug: say so, keep probing
-                    self._errors.add("slot_drain")
+                    self._counters.error("slot_drain")
                     log.exception("logsdk: looking for slots left by other processes failed")
-            if state in (State.ONLINE, State.RECOVERING):
-                backoff, good = _BACKOFF_START_S, 0
-                busy = flight.outstanding() > 0 or self._replay.inflight
-                if busy and now - max(flight.last_ack, pump.last_idle) > cfg.stall_timeout_s:
-                    pump.requests.degrade(
-                        f"no acknowledgement for {cfg.stall_timeout_s:g}s with records in flight"
-                    )
-                elif state is State.ONLINE and now >= next_probe:
-                    client = flight.client
-                    # No client yet (nothing sent): nothing to probe through.
-                    ok = client is None or _client.client_probe(
-                        client, topic, cfg.probe_timeout_s, self._stop
-                    )
-                    if ok and client is not None:
-                        flight.answered_probe()
-                    bad = 0 if ok else bad + 1
-                    if bad >= 2:
-                        pump.requests.degrade("health probe failed twice")
-                        bad = 0
-                    next_probe = time.monotonic() + cfg.probe_interval_s
-                self._stop.wait(0.1)
-            elif state is State.DEGRADED:
-                if pump.epoch != epoch:  # a new outage: earlier probes do not count
-                    epoch, good, bad, backoff = pump.epoch, 0, 0, _BACKOFF_START_S
-                if _client.probe(cfg.probe_config(), topic, self._probe_timeout(), self._stop):
-                    flight.answered_probe()
-                    good += 1
-                    backoff = _BACKOFF_START_S
-                    if good >= cfg.recovery_probes:
-                        good = 0
-                        pump.requests.recover(epoch)
-                    self._stop.wait(0.1)
+                # What the scan took (probes, at most a few seconds) may have changed
+                # what is in flight: the state and the time stay as seen.
+                seen = dataclasses.replace(
+                    seen,
+                    in_flight=flight.outstanding() > 0 or bool(self._replay.inflight),
+                    progress=max(flight.last_ack, self._pump.last_idle),
+                    client=flight.client is not None,
+                )
+                act = decide(rules, act.memory, seen)
+            if act.probe is not None:
+                ok = self._probe(act.probe)
+                seen = dataclasses.replace(
+                    seen, now=time.monotonic(), urgent=self._urgent > 0, jitter=_JITTER.random()
+                )
+                if ok is None:  # no client any more: as if there had been none
+                    act = decide(rules, act.memory, dataclasses.replace(seen, client=False))
                 else:
-                    good = 0
-                    delay = backoff * (0.5 + _JITTER.random())  # jitter: no thundering herd
-                    backoff = min(backoff * 2, cfg.probe_backoff_max_s)
-                    if self._urgent:
-                        # flush() or close() waits for Kafka: probe again now. (A probe
-                        # of an unreachable cluster lasts its timeout, which paces them.)
-                        delay = min(delay, 0.1)
-                    self.wake.wait(delay)
-                    self.wake.clear()
+                    act = decide(rules, act.memory, dataclasses.replace(seen, probe=ok))
+            memory = act.memory
+            if act.answered:
+                flight.answered_probe()
+            if act.degrade is not None:
+                requests.degrade(act.degrade)
+            if act.recover is not None:
+                requests.recover(act.recover)
+            if act.wakeable:
+                self._wake.wait(act.wait)
+                self._wake.clear()
             else:
-                self._stop.wait(0.1)
+                self._stop.wait(act.wait)

@@ -16,11 +16,13 @@ Invariants owned here:
   close() once the pump has stopped).
 
 Owner: the pump thread (``owner``), except the ticket table, which the send path shares:
-``send()`` takes a ticket (``free.pop()``, ``slots[t] = rec``, under the send lock) and
-the pump's reports give it back (``slots[t] = None``, ``free.append(t)``); each is one list
-operation, atomic under the GIL, and only the send path pops, so a ticket is never handed
-out twice. ``client`` is published (send() produces through it, the health thread probes
-through it); the pump replaces it.
+``Intake.send()`` takes a ticket (``free.pop()``, ``slots[t] = rec``, under the send lock:
+:meth:`InFlight.produce` inlined on the hot path) and the pump's reports give it back
+(``slots[t] = None``, ``free.append(t)``); each is one list operation, atomic under the
+GIL, and one thread at a time pops (a sender while direct sends are on, the pump feeding
+the backlog while they are off), so a ticket is never handed out twice. ``client`` is
+published (send() produces through it, the health thread probes through it); the pump
+replaces it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from logsdk._owner import Owner
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig
-from logsdk.producer._records import HEADER_SEQ, KHeaders, Rec
-from logsdk.producer._tally import Tally
+from logsdk.producer._counters import Counters
+from logsdk.producer._records import Rec, kafka_headers
 from logsdk.shm._ring import ShmRing
 
 log = logging.getLogger("logsdk.producer")
@@ -52,12 +54,10 @@ _PURGE_WAIT_S = 30.0  # how long a purge may take to hand records back
 #: headers identify), never counted as acknowledged.
 _UNCONFIRMED = "delivery reported without an offset (duplicate sequence reply); resending"
 
-#: ``(seq, err, msg)`` for every delivery report, before it is served (a testing hook).
-Tracer = Callable[[int, KafkaError | None, Message], None]
-
 
 class Handback:
-    """Where a fresh record goes when librdkafka hands it back (custody, on the pump)."""
+    """Where a fresh record goes when librdkafka hands it back (on the pump): to custody,
+    to be spooled and resent, or set aside as refused."""
 
     def __init__(
         self,
@@ -69,7 +69,7 @@ class Handback:
         #: whether a broker may still store the one this client sent (see
         #: ``Custody.keep_through``).
         self.failed = failed
-        #: A record Kafka refused, with why: for the rejected table.
+        #: A record Kafka refused, with why (``Rejects.reject``).
         self.rejected = rejected
         #: Ask the pump to degrade, with why.
         self.degrade = degrade
@@ -115,16 +115,19 @@ class InFlight:
     def __init__(
         self,
         config: ProducerConfig,
-        errors: Tally,
-        counts: Tally,
+        clients: _client.Clients,
+        pid_header: tuple[str, bytes],
+        counters: Counters,
         handback: Handback,
         ring: ShmRing | None,
         stop: threading.Event,
     ) -> None:
         self._config = config
         self._topic = config.topic
-        self._errors = errors
-        self._counts = counts
+        self._clients = clients
+        #: The ``logsdk.producer`` header every record of this producer carries.
+        self.pid_header = pid_header
+        self._counters = counters
         self._handback = handback
         self._stop = stop
         self.owner = Owner("the in-flight table of a producer")
@@ -150,40 +153,26 @@ class InFlight:
         #: Kafka answered (an acknowledgement) since the last degrade. Published; the pump
         #: and the health thread set it, the pump clears it after a degrade.
         self.answered = False
-        #: A testing hook (``ProducerHooks.delay_connect``): connect() waits this long first.
-        self.connect_delay_s = 0.0
 
     # -- the client --------------------------------------------------------------------
 
     def new_client(self) -> Producer:
         """A client for this producer (any thread: the first send() makes one)."""
-        return _client.new_producer(self._config.librdkafka(), self._on_error)
+        return self._clients.new(self._on_error)
 
     def connect(self, client: Producer) -> None:
-        """Have a new client connect to the cluster's brokers before the replay starts.
-
-        An idempotent client sends nothing before the broker gives it a producer id, and
-        librdkafka asks for one on a 500 ms timer unless a broker connection comes up
-        meanwhile. Its first metadata answer comes through the bootstrap connection, which
-        it then closes; the first attempt finds no broker up, and with the real broker not
-        yet connected (librdkafka connects on demand) the id came 0.5 to 1 s after the
-        client was built, measured: the whole replay window waited for it. A second
-        metadata request needs a real broker connection; once that is up the id is asked
-        at once (about 70 ms after the client was built instead of 500 to 1000).
-        Best effort: a failure here only leaves librdkafka to its timer; a stop gives up.
-        """
-        if self.connect_delay_s and self._stop.wait(self.connect_delay_s):
-            return
+        """Have a new client connect before the replay starts (see ``Clients.connect``);
+        best effort, given up at the producer's stop."""
         timeout = min(self._config.probe_timeout_s, 1.0)
-        for _ in range(2):
-            try:
-                _client.list_topics_until(client, self._topic, timeout, self._stop)
-            except KafkaException:
-                return
+        self._clients.connect(client, self._topic, timeout, self._stop)
 
     def outstanding(self) -> int:
         """Records librdkafka holds (any client): the tickets in use. Any thread."""
         return len(self.slots) - len(self.free)
+
+    def tickets(self) -> tuple[int, int]:
+        """The in-flight table: (its size, the tickets free). Any thread."""
+        return len(self.slots), len(self.free)
 
     def new_ticket(self) -> _Ticket:
         """A ticket for one more record in flight (none free: the table grows by one).
@@ -199,18 +188,17 @@ class InFlight:
         self.slots[ticket] = None
         self.free.append(ticket)
 
-    def produce(self, rec: Rec, pid_header: tuple[str, bytes]) -> bool:
-        """Hand one accepted record to the client (the pump, holding the send lock, for the
-        backlog), under a ticket that brings it back with its delivery report.
+    def produce(self, rec: Rec) -> bool:
+        """Hand one accepted record to the client (the pump, feeding the backlog with direct
+        sends off), under a ticket that brings it back with its delivery report.
+        ``Intake.send()`` inlines this on the hot path.
 
         True: handed over. False: not now (librdkafka's queue is full, or the client is
         broken and a degrade is requested). Raises KafkaException, ValueError or TypeError
         when librdkafka refuses the record itself (too large, invalid).
         """
         topic, k, v, h, ts, seq = rec
-        hdrs: KHeaders = [pid_header, (HEADER_SEQ, b"%d" % seq)]
-        if h:
-            hdrs = [*h, *hdrs]
+        hdrs = kafka_headers(self.pid_header, b"%d" % seq, h)
         free = self.free
         ticket = free.pop() if free else self.new_ticket()
         self.slots[ticket] = rec
@@ -233,7 +221,7 @@ class InFlight:
                 return False
             if not isinstance(exc, KafkaException) or _client.is_record_exception(exc):
                 raise
-            self._errors.add("produce_error")
+            self._counters.error("produce_error")
             self._handback.degrade(f"produce failed: {exc}")
             return False
         return True
@@ -253,17 +241,12 @@ class InFlight:
             self.unconfirmed_seen()
             return
         if _client.is_record_error(err):
-            self._counts.add("rejected")
-            self._errors.add("rejected")
-            log.error(
-                "record seq=%d rejected by Kafka (%s); set aside in the spool", rec[5], err.str()
-            )
             self._handback.rejected(rec, err.str())
             return
         may_arrive = _client.possibly_persisted(err, self.answered)
         if may_arrive:
             self.possible_dups += 1
-        self._errors.add(err.name())
+        self._counters.error(err.name())
         self._handback.failed(rec, may_arrive)
         self._handback.degrade(f"delivery failed: {err.str()}")
 
@@ -293,7 +276,7 @@ class InFlight:
     def unconfirmed_seen(self) -> None:
         """Count one unconfirmed delivery report and degrade, so its record is resent."""
         self.unconfirmed += 1
-        self._errors.add("unconfirmed_ack")
+        self._counters.error("unconfirmed_ack")
         self.possible_dups += 1
         self._handback.degrade(_UNCONFIRMED)
 
@@ -343,7 +326,7 @@ class InFlight:
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
-            self._errors.add("fatal")
+            self._counters.error("fatal")
             self._handback.degrade(f"fatal client error: {err.str()}")
         elif _client.is_cluster_down(err):
             self._handback.degrade(f"cluster unreachable: {err.str()}")
@@ -399,32 +382,14 @@ class InFlight:
             z.flush(5)
             self.polled()
 
-    def trace(self, tracer: Tracer) -> None:
-        """A testing hook: ``tracer(seq, err, msg)`` before each report is served. Install
-        it before the first send() (reports of records already in flight are served by
-        the tickets they were produced under)."""
-        base = self.ticket
-        slots = self.slots
-
-        class Traced(base):  # type: ignore[misc,valid-type]
-            __slots__ = ()
-
-            def __call__(self, err: KafkaError | None, msg: Message) -> None:
-                rec = slots[self]
-                if rec is not None:
-                    tracer(rec[5], err, msg)
-                base.__call__(self, err, msg)
-
-        self.ticket = Traced
-
     def forget(self) -> None:
         """After the threads stopped (close()): nothing serves a report any more. The
         ticket class names this table, a reference cycle: without it, a closed producer and
         its table (one ticket per record in flight at the peak) are freed as soon as the
         application drops them, not at the cyclic collector's next full pass."""
-        for cls in self.ticket.__mro__:
-            if vars(cls).get("_flight") is self:
-                delattr(cls, "_flight")
+        cls = self.ticket
+        if vars(cls).get("_flight") is self:
+            delattr(cls, "_flight")
 
 
 def _no_ring(seq: int) -> None:

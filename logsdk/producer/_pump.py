@@ -19,26 +19,26 @@ RECOVERING    DRAINED     ONLINE        ``recover_step``: the spool is empty; th
                                         produces directly again
 ============  ==========  ============  =============================================
 
-FAILURE comes from any thread as ``request_degrade(reason)`` (a failed delivery,
+FAILURE comes from any thread as ``Requests.degrade(reason)`` (a failed delivery,
 produce, poll or probe, a stall, a full ring); RECOVER from the health thread once
 ``recovery_probes`` probes in a row succeeded in the current outage (``epoch``), or at
 start when the spool holds records of an earlier run; DRAINED from the pump itself. A
-producer starts ONLINE (empty spool) or DEGRADED with a recovery asked for; CLOSED is set
-by close() once the pump has stopped.
+producer starts ONLINE (empty spool) or DEGRADED with a recovery asked for
+(:meth:`Pump.begin`); CLOSED is set by close() once the pump has stopped.
 
 Invariants owned here:
 - only the pump thread changes the state, polls the client (so delivery reports run
-  there) and touches the spool; other threads only ask (``request_degrade``,
-  ``request_recover``, ``wake``);
+  there) and touches the spool; other threads only ask (``Requests.degrade``,
+  ``Requests.recover``, ``Requests.wake``);
 - a request for recovery from an earlier outage is ignored (``epoch``);
 - records reach Kafka in send order per partition: once the backlog is in use, every
-  newer record goes through it (``Gate.direct`` is off), and the spool drains before it;
+  newer record goes through it (``Intake.direct`` is off), and the spool drains before it;
 - the pump never logs while it holds the send lock (a logging framework's own lock may be
   held by a thread waiting for that lock in send()): its lines wait in ``_deferred``.
 
 Owner: the pump thread (``owner``, handed to it before it starts; close() takes it back
 once the thread has ended). ``state``, ``epoch``, ``last_idle`` are published; the
-requests are guarded by ``_request_lock`` (a leaf lock).
+requests are guarded by ``Requests._lock`` (a leaf lock).
 """
 
 from __future__ import annotations
@@ -57,14 +57,14 @@ from logsdk._resolver import resolver_ready
 from logsdk.errors import SpoolError
 from logsdk.producer._alarm import DiskAlarm
 from logsdk.producer._config import ProducerConfig
+from logsdk.producer._counters import Counters
 from logsdk.producer._custody import Custody
-from logsdk.producer._gate import Gate
 from logsdk.producer._identity import SeqReserver
 from logsdk.producer._inflight import InFlight
+from logsdk.producer._intake import Intake
 from logsdk.producer._records import Rec
+from logsdk.producer._rejects import Rejects
 from logsdk.producer._replay import Replayer
-from logsdk.producer._tally import Tally
-from logsdk.shm._ring import ShmRing
 from logsdk.spool._spool import Spool
 
 #: Backlog records handed to librdkafka per hold of the send lock by the pump (about
@@ -147,7 +147,7 @@ class Pump:
     def __init__(
         self,
         config: ProducerConfig,
-        gate: Gate,
+        intake: Intake,
         requests: Requests,
         stop: threading.Event,
         done: threading.Condition,
@@ -155,13 +155,13 @@ class Pump:
         parts: PumpParts,
     ) -> None:
         self._config = config
-        self._gate = gate
+        self._intake = intake
         self.requests = requests
         self._stop = stop
         self._done = done
         self.owner = owner
         self._p = parts
-        self.state = State.DEGRADED  # set by the facade before the thread starts
+        self.state = State.DEGRADED  # the first one is chosen by begin()
         self.transitions = 0
         self._degraded_s = 0.0  # time spent DEGRADED, up to the last state change
         self._degraded_since = time.monotonic()
@@ -173,9 +173,37 @@ class Pump:
         #: epoch its good probes were counted in. Published.
         self.epoch = 0
         self.thread = threading.Thread(target=self._run, name="logsdk-pump", daemon=True)
-        self.errors = parts.errors
+        self._counters = parts.counters
 
     # -- the thread ----------------------------------------------------------------------
+
+    def begin(self, state: State | None = None) -> None:
+        """Before the thread starts (the thread that built the pump): the first state.
+        ``None``: as a producer starts: DEGRADED with a recovery asked for at once when
+        the spool holds records of an earlier run (no outage was seen: no probes to wait
+        for), DEGRADED where no client can connect from this process (records go to the
+        spool; the health thread waits for the resolver, see logsdk._resolver), else
+        ONLINE (the first failure degrades)."""
+        if state is None:
+            if self._p.spool.count:
+                state = State.DEGRADED
+                self.requests.recover(self.epoch)
+            elif not resolver_ready():
+                state = State.DEGRADED
+            else:
+                state = State.ONLINE
+        self.state = state
+
+    def alive(self) -> bool:
+        """The thread runs (any thread)."""
+        return self.thread.is_alive()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the thread to end (after :meth:`stop`); True if it
+        did (or never started)."""
+        if self.thread.ident is not None:
+            self.thread.join(timeout)
+        return not self.thread.is_alive()
 
     def start(self) -> None:
         """Hand the pump's state and the spool to the thread, and start it."""
@@ -203,7 +231,7 @@ class Pump:
                 busy = self.step()
                 self.flush_logs()
             except Exception:  # a bug: say so loudly, keep the records, keep pumping
-                self.errors.add("pump")
+                self._counters.error("pump")
                 log.exception("logsdk pump step failed; retrying (records stay buffered)")
                 self._stop.wait(0.5)
                 continue
@@ -216,7 +244,7 @@ class Pump:
                     else:
                         wake.wait(0.01)
                 except Exception:  # poll() may raise a fatal client error: degrade
-                    self.errors.add("pump")
+                    self._counters.error("pump")
                     log.exception("librdkafka poll failed; replacing the client")
                     self.requests.degrade("poll failed")
                 wake.clear()
@@ -225,7 +253,7 @@ class Pump:
         """One round of work; True when there may be more to do right away."""
         self.owner.check("run a pump step")
         p = self._p
-        p.seqs.reserve_ahead(self._gate)
+        p.seqs.reserve_ahead(self._intake)
         p.flight.poll(0)
         if p.flight.zombies:
             p.flight.poll_retired()
@@ -233,7 +261,7 @@ class Pump:
         if reason is not None and self.state is not State.DEGRADED:
             self.degrade(reason)
         self.settle_spool()
-        if p.custody.shm_pressure:
+        if self._intake.shm_pressure:
             self.relieve_shm()
         state = self.state
         busy = False
@@ -286,10 +314,12 @@ class Pump:
     def degrade(self, reason: str) -> None:
         """Take the client away: every record it holds comes back and goes to the spool."""
         p = self._p
-        with self._gate.lock:
-            self._gate.direct = False
+
+        def fail() -> None:  # with direct sends turned off, under the send lock
             self.epoch += 1
             self.transition(Event.FAILURE, reason)
+
+        self._intake.close_direct(then=fail)
         self.flush_logs()
         # The purge's reports see whether this client was talking to Kafka (what it hands
         # back as queued may then have been sent: see _client.possibly_persisted).
@@ -327,7 +357,7 @@ class Pump:
 
     def recover_step(self) -> bool:
         """Replay the spool; when it is empty, hand the backlog over and go ONLINE."""
-        p, gate = self._p, self._gate
+        p = self._p
         # The backlog waits behind the spool; memory stays bounded by spilling its head,
         # past half the buffer while the spool holds rows. Once it holds none (the last
         # replay batch awaits its acks) the backlog may grow to three quarters: spilling
@@ -335,8 +365,7 @@ class Pump:
         # sender would keep the producer RECOVERING, every record through the disk.
         bound = self._config.buffer_max_records
         keep = bound // 2 if p.spool.count > 0 else bound * 3 // 4
-        with gate.lock:
-            over = len(gate.backlog) - keep
+        over = self._intake.queued() - keep
         if over > 0:
             p.custody.spool_pending(p.replay.cursor, limit=over)
         client = p.flight.client
@@ -360,8 +389,7 @@ class Pump:
 
     def drain_backlog_to_client(self) -> bool:
         """ONLINE with a backlog (librdkafka was full): feed it in order, then go direct."""
-        gate = self._gate
-        if gate.direct:
+        if self._intake.direct:
             # Read without the lock: the pump steps after every poll, and taking the lock
             # each time made it queue behind send(), which holds it most of the time. Only
             # send() and the pump change ``direct``; a send() that just turned it off wakes
@@ -377,28 +405,25 @@ class Pump:
         True when more is left for the next step. A backlog longer than ``limit`` asks for
         a degrade instead (librdkafka is not taking records: the spool will).
 
-        The send lock is held only to take the chunk and for the last check, never while
-        records go to librdkafka: senders append behind the chunk meanwhile (direct is off,
-        so none produces, and the in-flight table is the pump's alone). The chunk is
-        counted in ``Custody.feeding`` until its records are in the table, so flush() never
-        sees one record less outstanding."""
-        gate, custody = self._gate, self._p.custody
-        with gate.lock:
-            backlog = gate.backlog
-            if limit is not None and len(backlog) > limit:
-                self.requests.degrade("local queue full beyond buffer_max_records")
-                return True
-            if not backlog:
-                # Senders waiting for their turn go through the backlog first (send
-                # order): direct only once none waits (a later step turns it on).
-                gate.direct = not gate.waiters
-                if go_online:
-                    self.transition(Event.DRAINED, "spool drained")
-                gate.space.notify_all()
-                return False
-            n = min(len(backlog), FEED_CHUNK)
-            chunk = [backlog.popleft() for _ in range(n)]
-            custody.feeding = n
+        The send lock is held only to take the chunk and to put back what is left, never
+        while records go to librdkafka: senders append behind the chunk meanwhile (direct
+        is off, so none produces, and the in-flight table is the pump's alone). The chunk
+        is counted by the intake (``taken``) until its records are in the table, so
+        flush() never sees one record less outstanding."""
+        intake = self._intake
+        if limit is not None and intake.queued() > limit:
+            self.requests.degrade("local queue full beyond buffer_max_records")
+            return True
+
+        def drained() -> None:  # with direct sends turned on, under the send lock
+            if go_online:
+                self.transition(Event.DRAINED, "spool drained")
+
+        # Senders waiting for their turn go through the backlog first (send order): direct
+        # only once none waits (a later step turns it on).
+        if intake.open_direct(then=drained):
+            return False
+        chunk = intake.take(FEED_CHUNK)
         done = 0
         try:
             for rec in chunk:
@@ -407,11 +432,7 @@ class Pump:
                 done += 1
         finally:
             rest = chunk[done:]
-            with gate.lock:
-                if rest:
-                    gate.backlog.extendleft(reversed(rest))
-                custody.feeding = 0
-                gate.space.notify_all()
+            intake.put_back(rest)
         return not rest
 
     def _produce_backlog_rec(self, rec: Rec) -> bool:
@@ -419,28 +440,16 @@ class Pump:
         set aside (out of the backlog: kept in the spool's rejected table)."""
         p = self._p
         try:
-            return p.flight.produce(rec, p.pid_header)
+            return p.flight.produce(rec)
         except (KafkaException, ValueError, TypeError) as exc:
-            self.errors.add("rejected")
-            p.counts.add("rejected")
-            self._deferred.append(
-                (
-                    logging.ERROR,
-                    "record seq=%d rejected by Kafka (%s); set aside in the spool",
-                    (rec[5], exc),
-                )
-            )
-            p.custody.reject(rec, str(exc))
+            p.rejects.reject(rec, str(exc))
             return True
 
     def relieve_shm(self) -> None:
         """Senders wait for room in the ring: wake them, and spill the backlog to the spool
         as a full memory buffer does (records in flight free their room when acked)."""
-        p, gate = self._p, self._gate
-        p.custody.relieved()
-        with gate.lock:
-            backlog = len(gate.backlog)
-            gate.space.notify_all()
+        p = self._p
+        backlog = self._intake.relieve()
         if backlog:
             if self.state is State.ONLINE:
                 self.requests.degrade("shm ring full")
@@ -456,7 +465,7 @@ class Pump:
         if not p.alarm.ready():
             return
         try:
-            wrote = p.custody.settle_rejects()
+            wrote = p.rejects.set_aside_records()
             if p.replay.settle(self.state is State.RECOVERING, p.flight.client is not None):
                 p.flight.heard()
                 wrote = True
@@ -481,46 +490,41 @@ class Pump:
     def final_drain(self) -> int:
         """Everything unacknowledged goes to the spool (close()'s thread, after
         :meth:`take_back`). Returns how many records could not be written (lost)."""
-        p, gate = self._p, self._gate
-        with gate.lock:
-            gate.direct = False
+        p, intake = self._p, self._intake
+        intake.close_direct()
         p.flight.retire()
         p.flight.flush_retired()
         p.alarm.retry_now()  # last chance: try the disk now, whatever the alarm
         self.settle_spool()
         custody = p.custody
-        while custody.failed or gate.backlog:
-            before = len(custody.failed) + len(gate.backlog)
+        while custody.failed or intake.queued():
+            before = len(custody.failed) + intake.queued()
             p.alarm.retry_now()
             custody.spool_pending(p.replay.cursor)
-            if len(custody.failed) + len(gate.backlog) >= before:
+            if len(custody.failed) + intake.queued() >= before:
                 break
-        return len(custody.failed) + len(gate.backlog) + len(custody.rejects)
+        return len(custody.failed) + intake.queued() + p.rejects.pending()
 
 
 class PumpParts:
-    """The parts the pump drives, and the shared counts (built by the facade)."""
+    """The parts the pump drives (built by the wiring, ``logsdk.producer._wiring``)."""
 
     def __init__(
         self,
         spool: Spool,
-        ring: ShmRing | None,
         seqs: SeqReserver,
         flight: InFlight,
         custody: Custody,
+        rejects: Rejects,
         replay: Replayer,
         alarm: DiskAlarm,
-        errors: Tally,
-        counts: Tally,
-        pid_header: tuple[str, bytes],
+        counters: Counters,
     ) -> None:
         self.spool = spool
-        self.ring = ring
         self.seqs = seqs
         self.flight = flight
         self.custody = custody
+        self.rejects = rejects
         self.replay = replay
         self.alarm = alarm
-        self.errors = errors
-        self.counts = counts
-        self.pid_header = pid_header
+        self.counters = counters

@@ -7,7 +7,8 @@ Invariants owned here:
 - what send() accepts converts to those fields or is refused with a
   :class:`~logsdk.errors.SerializationError` before it is accepted: no lone surrogate, no
   NUL in a header name, no ``logsdk.`` header of the caller's;
-- every record Kafka receives carries ``logsdk.producer`` and ``logsdk.seq`` last.
+- every record Kafka receives carries ``logsdk.producer`` and ``logsdk.seq`` last
+  (:func:`kafka_headers`, the one rule; ``Intake.send`` inlines it on the hot path).
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ KHeaders = list[tuple[str, str | bytes | None]]
 #: A dict value's JSON (compact, no NaN): one encoder for every record, as ``json.dumps``
 #: with arguments would build one per call; ``encode()`` keeps no state between calls.
 _DICT_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def kafka_headers(producer: tuple[str, bytes], seq: bytes, user: Headers | None) -> KHeaders:
+    """The headers a record carries to Kafka: the user's, then ``logsdk.producer``
+    (``producer``: the header, made once per producer) and ``logsdk.seq`` (``seq``: the
+    number as ASCII digits), last, so that a reader finds them at the end."""
+    if user:
+        return [*user, producer, (HEADER_SEQ, seq)]
+    return [producer, (HEADER_SEQ, seq)]
 
 
 def _to_bytes(value: object, what: str) -> bytes | None:

@@ -8,7 +8,8 @@ Invariants owned here:
   failed since the cursor was reset (``_failed``), when they are deleted by id;
 - a replay that fails (or is unconfirmed) leaves its row in the spool, to be read again
   after the next degrade resets the cursor: a duplicate at worst, never a loss;
-- a row Kafka refuses is moved to the spool's ``rejected`` table, and the replay goes on;
+- a row Kafka refuses is moved to the spool's ``rejected`` table (``Rejects``), and the
+  replay goes on;
 - the pace: at most ``replay_max_rate`` records a second, bursts of at most
   ``replay_batch``, and at most ``2 * replay_batch`` rows in flight.
 
@@ -32,9 +33,10 @@ from logsdk.errors import SpoolError
 from logsdk.producer import _client
 from logsdk.producer._alarm import DiskAlarm
 from logsdk.producer._config import ProducerConfig
-from logsdk.producer._inflight import InFlight, Tracer
-from logsdk.producer._records import HEADER_SEQ, KHeaders, _seq_of
-from logsdk.producer._tally import Tally
+from logsdk.producer._counters import Counters
+from logsdk.producer._inflight import InFlight
+from logsdk.producer._records import _seq_of, kafka_headers
+from logsdk.producer._rejects import Rejects, SpooledRow
 from logsdk.spool._codec import decode_headers
 from logsdk.spool._spool import Spool
 
@@ -62,8 +64,7 @@ class _ReplayAck(int):
         rows = r.rows
         rid = rows[self]
         rows[self] = 0
-        if type(self) is r.ack:  # (a ticket made before trace() changed the class retires)
-            r.free.append(self)  # the report is served: the ticket may carry another row
+        r.free.append(self)  # the report is served: the ticket may carry another row
         if err is None and not r._flight.dupseq and msg.offset() is not None:
             r.inflight.pop(rid, None)
             r.acked_ids.append(rid)
@@ -110,20 +111,19 @@ class Replayer:
         spool: Spool,
         flight: InFlight,
         alarm: DiskAlarm,
-        errors: Tally,
-        counts: Tally,
+        rejects: Rejects,
+        counters: Counters,
         degrade: Callable[[str], None],
-        pid_header: tuple[str, bytes],
         owner: Owner,
     ) -> None:
         self._config = config
         self._spool = spool
         self._flight = flight
         self._alarm = alarm
-        self._errors = errors
-        self._counts = counts
+        self._rejects = rejects
+        self._counters = counters
         self._degrade = degrade
-        self._pid_header = pid_header
+        self._pid_header = flight.pid_header
         self._owner = owner
         self.ack: type[_ReplayAck] = type(
             "_ReplayAck", (_ReplayAck,), {"__slots__": (), "_replay": self}
@@ -141,7 +141,6 @@ class Replayer:
         self._acked_kept = 0  # of those, how many a watermark delete had to keep
         self._acked_seen = 0  # len(acked_ids) at the last settle: more since is progress
         self._failed = False  # a replay was reported failed since the cursor reset
-        self._reject_ids: list[tuple[int, str]] = []  # rows Kafka refused, for the table
         self.pace = Pace(config.replay_max_rate, config.replay_batch)
         #: Replays acknowledged and deleted from the spool. Published.
         self.replayed = 0
@@ -158,7 +157,7 @@ class Replayer:
 
     def busy(self) -> bool:
         """Rows in flight, acknowledged and not deleted, or refused and not set aside."""
-        return bool(self.inflight or self.acked_ids or self._reject_ids)
+        return bool(self.inflight or self.acked_ids or self._rejects.rows_waiting())
 
     def replay_some(self, client: Producer) -> bool:
         """Hand the next rows to ``client``, within the pace. True if it handed some."""
@@ -189,9 +188,8 @@ class Replayer:
         cursor = self.cursor
         sent = 0
         for rid, topic, key, value, hblob, ts, seq in rows:
-            hdrs: KHeaders = [pid_header, (HEADER_SEQ, seq)]  # seq: the header's bytes
-            if hblob is not None:
-                hdrs = [*decode_headers(hblob), *hdrs]
+            # seq: the header's bytes, as the spool keeps them
+            hdrs = kafka_headers(pid_header, seq, None if hblob is None else decode_headers(hblob))
             ticket = free.pop() if free else self._new_ticket()
             rows_of[ticket] = rid
             try:
@@ -203,16 +201,16 @@ class Replayer:
                 self._give_back(ticket)
                 # Fields the client cannot take (a row written before send() checked them,
                 # or by another program): set aside, and the cursor moves past it.
-                self._reject(rid, seq.decode(), f"{type(exc).__name__}: {exc}")
+                self._rejects.reject(SpooledRow(rid, seq.decode()), f"{type(exc).__name__}: {exc}")
                 cursor = rid
                 continue
             except KafkaException as exc:
                 self._give_back(ticket)
                 if _client.is_record_exception(exc):
-                    self._reject(rid, seq.decode(), str(exc))
+                    self._rejects.reject(SpooledRow(rid, seq.decode()), str(exc))
                     cursor = rid
                     continue
-                self._errors.add("produce_error")
+                self._counters.error("produce_error")
                 self._degrade(f"replay produce failed: {exc}")
                 break
             inflight[rid] = None
@@ -250,20 +248,12 @@ class Replayer:
             flight.unconfirmed_seen()
             return
         if _client.is_record_error(err):
-            self._reject(rid, _seq_of(msg), err.str())
+            self._rejects.reject(SpooledRow(rid, _seq_of(msg)), err.str())
             return
         if _client.possibly_persisted(err, flight.answered):
             flight.count_possible_dup()
-        self._errors.add(err.name())
+        self._counters.error(err.name())
         self._degrade(f"replay delivery failed: {err.str()}")
-
-    def _reject(self, rid: int, seq: object, why: str) -> None:
-        """Kafka refused spool row ``rid`` (on produce or on delivery): count it, say so,
-        and move it to the rejected table at the next settle."""
-        self._counts.add("rejected")
-        self._errors.add("rejected")
-        log.error("record seq=%s rejected by Kafka (%s); set aside", seq, why)
-        self._reject_ids.append((rid, why))
 
     def progressed(self) -> bool:
         """Replays were acknowledged since the last call (the stall detector's progress:
@@ -279,15 +269,7 @@ class Replayer:
         ``recovering``/``client_up``: the state, and whether a client is there (the
         watermark delete is for a replay under way). True if it wrote. Raises SpoolError."""
         self._owner.check("settle the spool")
-        wrote = False
-        if self._reject_ids:
-            pairs, self._reject_ids = self._reject_ids, []
-            try:
-                self._spool.move_to_rejected(pairs)
-            except SpoolError:
-                self._reject_ids = pairs + self._reject_ids  # retried: still in the spool
-                raise
-            wrote = True
+        wrote = self._rejects.set_aside_rows()
         if self.acked_ids and (
             len(self.acked_ids) - self._acked_kept >= self._config.replay_batch
             or not self.inflight
@@ -304,7 +286,7 @@ class Replayer:
 
         While replaying, by watermark: every row up to the one before the oldest still in
         flight was handed to Kafka in id order and acknowledged (a failed one sets
-        ``_failed``, a rejected one waits in ``_reject_ids``), so one range DELETE removes
+        ``_failed``, a rejected one waits in ``Rejects``), so one range DELETE removes
         them; acknowledged ids above it wait for a later batch (a crash resends them:
         duplicates, never a loss). Otherwise (degraded, closing, a replay failed), by id:
         exactly the acknowledged rows.
@@ -317,8 +299,9 @@ class Replayer:
                 mark = self.cursor
                 if self.inflight:
                     mark = min(mark, next(iter(self.inflight)) - 1)
-                if self._reject_ids:
-                    mark = min(mark, min(r for r, _ in self._reject_ids) - 1)
+                lowest = self._rejects.lowest_row()
+                if lowest is not None:
+                    mark = min(mark, lowest - 1)
                 keep = [i for i in ids if i > mark]
                 gone = self._spool.delete_through(mark)
             else:
@@ -334,27 +317,8 @@ class Replayer:
         # row when_full="drop_oldest" has dropped meanwhile counted it dropped already.
         self.replayed += gone
 
-    def trace(self, tracer: Tracer) -> None:
-        """A testing hook: ``tracer(seq, err, msg)`` before each replay report is served
-        (seq -1 when the report has no headers: a purged one)."""
-        base = self.ack
-
-        class Traced(base):  # type: ignore[misc,valid-type]
-            __slots__ = ()
-
-            def __call__(self, err: KafkaError | None, msg: Message) -> None:
-                try:
-                    seq = _seq_of(msg)
-                except Exception:  # a purged report has no headers
-                    seq = -1
-                tracer(seq, err, msg)
-                base.__call__(self, err, msg)
-
-        self.ack = Traced
-        self.free = []  # tickets of the class before: not reused (see _ReplayAck)
-
     def forget(self) -> None:
         """After the threads stopped: the ack class names this replayer (a cycle); let go."""
-        for cls in self.ack.__mro__:
-            if vars(cls).get("_replay") is self:
-                delattr(cls, "_replay")
+        cls = self.ack
+        if vars(cls).get("_replay") is self:
+            delattr(cls, "_replay")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from logsdk import _owner
-from logsdk.producer._tally import Tally
+from logsdk.producer._counters import Tally
 
 pytestmark = pytest.mark.integration
 

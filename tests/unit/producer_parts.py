@@ -1,8 +1,9 @@
 """Helpers for the tests of the producer's parts alone (tests/unit/test_part_*.py).
 
-The parts are wired as ``LogProducer._build`` wires them, on a real :class:`Spool` in a
-temporary directory, and no thread is started: the building thread owns them all (the
-pump's state, the spool, the seq reservations, the in-flight table). Neighbours that
+The parts are wired by the producer's own wiring (``logsdk.producer._wiring.wire``), on a
+real :class:`Spool` in a temporary directory, and no thread is started: the building
+thread owns them all (the pump's state, the spool, the seq reservations, the in-flight
+table). Neighbours that
 would be Kafka are simple stand-ins (:class:`StandInClient`, :class:`Msg`), used only
 where a test is about a part's own logic, never to show a Kafka guarantee.
 """
@@ -12,27 +13,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from logsdk._owner import Owner
-from logsdk.producer._alarm import DiskAlarm
 from logsdk.producer._config import ProducerConfig
-from logsdk.producer._custody import Custody
-from logsdk.producer._gate import Gate
-from logsdk.producer._identity import SeqReserver
-from logsdk.producer._inflight import Handback, InFlight
-from logsdk.producer._pump import Pump, PumpParts, Requests
-from logsdk.producer._records import HEADER_PRODUCER, Rec
-from logsdk.producer._replay import Replayer
-from logsdk.producer._tally import Tally
+from logsdk.producer._pump import State
+from logsdk.producer._records import Rec
+from logsdk.producer._wiring import Parts, wire
 from logsdk.spool import Spool
+
+__all__ = ["Parts", "State"]
 
 TOPIC = "parts"
 #: Bytes a record made by :func:`rec` counts against spool_max_bytes (value + row overhead).
@@ -156,56 +151,30 @@ def msg(
     return _Msg(offset, partition, topic, headers)
 
 
-@dataclass
-class Parts:
-    """A producer's parts, built and owned by the test's thread; no thread started."""
-
-    config: ProducerConfig
-    spool: Spool
-    errors: Tally
-    counts: Tally
-    seqs: SeqReserver
-    gate: Gate
-    requests: Requests
-    stop: threading.Event
-    owner: Owner
-    alarm: DiskAlarm
-    custody: Custody
-    flight: InFlight
-    replay: Replayer
-    pump: Pump
-    pid_header: tuple[str, bytes]
-
-
 def build_parts(spool_dir: Path, **settings: Any) -> Parts:
     """The parts of a producer on a spool in ``spool_dir`` (``settings``: ProducerConfig's),
-    wired as ``LogProducer._build`` wires them."""
+    wired as every producer's are; the pump's first state DEGRADED (set another with
+    ``parts.pump.begin(state)``)."""
     cfg = ProducerConfig(
         bootstrap_servers="127.0.0.1:1", topic=TOPIC, spool_dir=str(spool_dir), **settings
     )
     spool = Spool(spool_dir, max_bytes=cfg.spool_max_bytes).open()
-    errors, counts = Tally(), Tally()
-    pid_header = (HEADER_PRODUCER, spool.producer_id.encode())
-    seqs = SeqReserver(spool, errors)
-    gate = seqs.gate()
-    requests = Requests()
-    stop = threading.Event()
-    owner = Owner("the pump state of a producer under test")
-    alarm = DiskAlarm(spool, errors, owner)
-    custody = Custody(cfg, gate, spool, None, alarm, errors, counts, requests.wake, owner)
-    handback = Handback(custody.take_back, custody.reject, requests.degrade)
-    flight = InFlight(cfg, errors, counts, handback, None, stop)
-    replay = Replayer(
-        cfg, spool, flight, alarm, errors, counts, requests.degrade, pid_header, owner
-    )
-    pump_parts = PumpParts(
-        spool, None, seqs, flight, custody, replay, alarm, errors, counts, pid_header
-    )
-    pump = Pump(cfg, gate, requests, stop, threading.Condition(), owner, pump_parts)
-    return Parts(
-        cfg, spool, errors, counts, seqs, gate, requests, stop, owner, alarm, custody, flight,
-        replay, pump, pid_header,
-    )  # fmt: skip
+    parts = wire(cfg, spool)
+    parts.pump.begin(State.DEGRADED)
+    return parts
+
+
+def queue(p: Parts, seqs: Iterable[int]) -> None:
+    """Records with these seqs in the backlog, behind what it holds (as send() appends)."""
+    intake = p.intake
+    held = intake.take(len(intake.backlog))
+    intake.put_back([*held, *(rec(s) for s in seqs)])
+
+
+def queued(p: Parts) -> list[int]:
+    """The seqs of the records in the backlog, in order."""
+    with p.intake.lock:
+        return [r[5] for r in p.intake.backlog]
 
 
 @contextlib.contextmanager

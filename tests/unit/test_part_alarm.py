@@ -13,7 +13,7 @@ import pytest
 from logsdk._owner import Owner
 from logsdk.errors import SpoolCorruptError, SpoolError
 from logsdk.producer._alarm import DiskAlarm
-from logsdk.producer._tally import Tally
+from logsdk.producer._counters import Counters
 from logsdk.spool import Spool
 from tests.unit.producer_parts import FakeClock, Parts, damage_a_page, fake_clock, parts_factory
 
@@ -48,7 +48,7 @@ def test_the_alarm_is_raised_once_and_cleared_only_by_the_same_kind_of_op(
     alarm.failed(SpoolError("disk full"), op)
     alarm.failed(SpoolError("disk still full"), op)
     assert alarm.reason == "disk still full"
-    assert p.errors["spool_io"] == 2
+    assert p.counters.errors["spool_io"] == 2
     assert len(lines(caplog, logging.ERROR)) == 1
     for other in OPS:
         if other != op:
@@ -88,9 +88,10 @@ def test_a_damaged_database_is_rebuilt_at_most_once_a_minute(
     itself fails); a minute after the rebuild, it is rebuilt again."""
     damage_a_page(tmp_path)
     spool = Spool(tmp_path).open()
-    errors = Tally()
+    counters = Counters()
+    errors = counters.errors
     try:
-        alarm = DiskAlarm(spool, errors, Owner("the alarm under test"))
+        alarm = DiskAlarm(spool, counters, Owner("the alarm under test"))
         with pytest.raises(SpoolCorruptError) as info:
             spool.read_after(0, 10**6)
         damaged = info.value

@@ -1,19 +1,28 @@
 """Custody alone: the order records reach the spool in, a spool that takes only part of a
-batch, the ``when_full`` policies, and ``unsettled()`` during commits. A real spool in a
-temporary directory (``spool_max_bytes`` small, in records of ``REC_BYTES``); no thread
-but the test's, except where a test shows a sender waiting for room."""
+batch, the ``when_full`` policies on a full spool, and what flush() counts as unsettled
+during commits. A real spool in a temporary directory (``spool_max_bytes`` small, in
+records of ``REC_BYTES``); no thread but the test's. (The policies on a full backlog are
+the intake's: tests/unit/test_part_intake.py.)"""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from logsdk.errors import BufferFullError, SpoolError, SpoolFullError
 from logsdk.spool._codec import Columns
-from tests.unit.producer_parts import REC_BYTES, Parts, parts_factory, rec, seqs_of, spooled
+from tests.unit.producer_parts import (
+    REC_BYTES,
+    Parts,
+    parts_factory,
+    queue,
+    queued,
+    rec,
+    seqs_of,
+    spooled,
+)
 
 
 @pytest.fixture
@@ -22,16 +31,15 @@ def make_parts(tmp_path: Path) -> Iterator[Callable[..., Parts]]:
         yield make
 
 
-def queue(p: Parts, seqs: Iterable[int]) -> None:
-    """send() accepted these records into the backlog (ONLINE with a full client, or
-    DEGRADED)."""
-    with p.gate.lock:
-        p.gate.backlog.extend(rec(s) for s in seqs)
-
-
 def backlog(p: Parts) -> list[int]:
-    with p.gate.lock:
-        return [r[5] for r in p.gate.backlog]
+    return queued(p)
+
+
+def unsettled(p: Parts) -> int:
+    """What flush() counts as neither acknowledged nor in the spool (nothing is in flight
+    here): the backlog, what custody holds, the refused waiting for the rejected table."""
+    with p.intake.lock:
+        return p.intake.held() + p.custody.held() + p.rejects.pending()
 
 
 def delivered(p: Parts) -> int:
@@ -59,7 +67,7 @@ def test_failed_records_go_to_the_spool_first_in_seq_order(
     assert p.custody.spooled == 7
     assert not p.custody.failed
     assert backlog(p) == []
-    assert p.custody.unsettled() == 0
+    assert unsettled(p) == 0
 
 
 def test_a_partial_take_of_failed_records_lets_nothing_newer_in_before_the_rest(
@@ -69,23 +77,21 @@ def test_a_partial_take_of_failed_records_lets_nothing_newer_in_before_the_rest(
     newer backlog record that would fit the room left is not written before it; once rows
     leave the spool, the rest goes in, then the backlog: written in send order."""
     p = make_parts(spool_max_bytes=2 * REC_BYTES + 100)
-    queue(p, [])
-    with p.gate.lock:
-        p.gate.backlog.append(rec(4, value=b""))  # 64 bytes: fits the 100 left
+    p.intake.put_back([rec(4, value=b"")])  # 64 bytes: fits the 100 left
     for s in (1, 2, 3):
         p.custody.take_back(rec(s))
     assert not p.custody.spool_pending(0)
     assert seqs_of(p.spool) == [1, 2]
     assert [r[5] for r in p.custody.failed] == [3]
     assert backlog(p) == [4]
-    assert p.custody.spool_full
+    assert p.intake.spool_full
     written = spooled(p.spool)
     delivered(p)
-    assert not p.custody.spool_full
+    assert not p.intake.spool_full
     p.custody.spool_pending(0)
     written += spooled(p.spool)
     assert [seq for _, seq in sorted(written)] == [1, 2, 3, 4]
-    assert p.custody.unsettled() == 0
+    assert unsettled(p) == 0
 
 
 def test_a_partial_take_of_the_backlog_puts_the_rest_back_at_its_head(
@@ -101,85 +107,11 @@ def test_a_partial_take_of_the_backlog_puts_the_rest_back_at_its_head(
     assert not p.custody.spool_pending(0)
     assert seqs_of(p.spool) == [1, 2, 3]
     assert backlog(p) == [4, 5]
-    assert p.counts["dropped"] == 0
+    assert p.counters.dropped == 0
     delivered(p)
     queue(p, [6])
     assert not p.custody.spool_pending(0)
     assert seqs_of(p.spool) == [4, 5, 6]
-
-
-# -- when_full: the backlog is full (send path, under the send lock) ----------------------
-
-
-@pytest.mark.parametrize(
-    ("policy", "left"), [("drop_newest", [1, 2, 3]), ("drop_oldest", [3, 4, 5])]
-)
-def test_drop_policies_on_a_full_backlog_count_each_drop_and_keep_send_order(
-    make_parts: Callable[..., Parts], policy: str, left: list[int]
-) -> None:
-    """A full backlog drops the new record (drop_newest) or its head (drop_oldest), counts
-    each drop once, and keeps the others in send order."""
-    p = make_parts(when_full=policy, buffer_max_records=3)
-    queue(p, [1, 2, 3])
-    with p.gate.lock:
-        p.custody.accept_in_turn(rec(4), need_ring=False)
-        p.custody.accept_in_turn(rec(5), need_ring=False)
-    assert backlog(p) == left
-    assert p.counts["dropped"] == 2
-
-
-def test_raise_on_a_full_backlog_refuses_the_record(make_parts: Callable[..., Parts]) -> None:
-    """``raise``: the record is refused with BufferFullError; nothing is dropped or moved."""
-    p = make_parts(when_full="raise", buffer_max_records=3)
-    queue(p, [1, 2, 3])
-    with p.gate.lock, pytest.raises(BufferFullError, match="memory buffer full"):
-        p.custody.accept_in_turn(rec(4), need_ring=False)
-    assert backlog(p) == [1, 2, 3]
-    assert p.counts["dropped"] == 0
-
-
-def test_block_on_a_full_backlog_gives_up_after_max_block_s(
-    make_parts: Callable[..., Parts],
-) -> None:
-    """``block``: the sender wakes the pump and waits; no room within max_block_s raises
-    BufferFullError, and nothing is dropped or moved."""
-    p = make_parts(when_full="block", buffer_max_records=3, max_block_s=0.02)
-    queue(p, [1, 2, 3])
-    p.requests.wake.clear()
-    with p.gate.lock, pytest.raises(BufferFullError, match=r"waited max_block_s=0\.02"):
-        p.custody.accept_in_turn(rec(4), need_ring=False)
-    assert p.requests.wake.is_set()
-    assert backlog(p) == [1, 2, 3]
-    assert p.counts["dropped"] == 0
-
-
-def test_block_on_a_full_backlog_goes_on_when_the_pump_makes_room(
-    make_parts: Callable[..., Parts],
-) -> None:
-    """``block``: a sender waiting for room is let in as soon as the pump takes the head
-    (it wakes the pump, which notifies): told to go on (True), it appends its record
-    behind the others, as send() does."""
-    p = make_parts(when_full="block", buffer_max_records=3, max_block_s=30.0)
-    queue(p, [1, 2, 3])
-    p.requests.wake.clear()
-    taken: list[int] = []
-
-    def pump() -> None:
-        assert p.requests.wake.wait(30)
-        with p.gate.lock:  # free only once the sender waits
-            taken.append(p.gate.backlog.popleft()[5])
-            p.gate.space.notify_all()
-
-    t = threading.Thread(target=pump, name="pump-stand-in")
-    t.start()
-    with p.gate.lock:
-        assert p.custody.accept_in_turn(rec(4), need_ring=False)
-        p.gate.backlog.append(rec(4))
-    t.join(30)
-    assert taken == [1]
-    assert backlog(p) == [2, 3, 4]
-    assert not p.gate.waiters
-    assert p.counts["dropped"] == 0
 
 
 # -- when_full: the spool is full (the pump's commits) -----------------------------------
@@ -194,9 +126,9 @@ def test_drop_newest_on_a_full_spool_drops_what_does_not_fit(
     queue(p, [1, 2, 3, 4, 5])
     assert not p.custody.spool_pending(0)
     assert seqs_of(p.spool) == [1, 2, 3]
-    assert p.counts["dropped"] == 2
+    assert p.counters.dropped == 2
     assert p.custody.spooled == 3
-    assert p.custody.unsettled() == 0
+    assert unsettled(p) == 0
 
 
 @pytest.mark.parametrize(("in_flight", "left"), [(0, [3, 4, 5]), (1, [1, 4, 5])])
@@ -213,7 +145,7 @@ def test_drop_oldest_on_a_full_spool_drops_its_oldest_rows_not_those_in_flight(
     queue(p, [4, 5])
     assert not p.custody.spool_pending(cursor)
     assert seqs_of(p.spool) == left
-    assert p.counts["dropped"] == 2
+    assert p.counters.dropped == 2
     assert backlog(p) == []
 
 
@@ -240,7 +172,7 @@ def test_drop_oldest_keeps_the_rows_a_retired_client_may_still_deliver(
     queue(p, [4, 5])
     assert not p.custody.spool_pending(0)  # the replay starts again from the first row
     assert seqs_of(p.spool) == left
-    assert p.counts["dropped"] == 1
+    assert p.counters.dropped == 1
     assert backlog(p) == []
 
 
@@ -256,28 +188,16 @@ def test_raise_and_block_refuse_new_records_while_the_spool_is_full(
     p = make_parts(when_full=policy, spool_max_bytes=2 * REC_BYTES, max_block_s=0.02)
     queue(p, [1, 2, 3])
     p.custody.spool_pending(0)
-    assert p.custody.spool_full
-    with p.gate.lock, pytest.raises(error, match="spool is full"):
-        p.custody.accept_in_turn(rec(4), need_ring=False)
+    assert p.intake.spool_full
+    p.intake.warmed()
+    with pytest.raises(error, match="spool is full"):
+        p.intake.send(b"v" * 100)
     assert seqs_of(p.spool) == [1, 2]
     assert backlog(p) == [3]
-    assert p.counts["dropped"] == 0
+    assert p.counters.dropped == 0
 
 
-def test_raise_with_memory_full_is_a_buffer_error_not_a_spool_one(
-    make_parts: Callable[..., Parts],
-) -> None:
-    """``raise`` with the memory buffer full and the spool fine raises BufferFullError,
-    not its SpoolFullError (documented as the spool at its cap), naming the buffer."""
-    p = make_parts(when_full="raise", buffer_max_records=2)
-    queue(p, [1, 2])
-    with p.gate.lock, pytest.raises(BufferFullError, match="memory buffer full") as info:
-        p.custody.accept_in_turn(rec(3), need_ring=False)
-    assert not isinstance(info.value, SpoolFullError)
-    assert backlog(p) == [1, 2]
-
-
-# -- unsettled() ------------------------------------------------------------------------
+# -- what flush() counts ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("policy", ["block", "drop_newest"])
@@ -295,7 +215,7 @@ def test_unsettled_never_misses_a_record_while_a_commit_runs(
     undelivered = 10
 
     def held() -> int:
-        return c.unsettled() + spool.count + p.counts["dropped"]
+        return unsettled(p) + spool.count + p.counters.dropped
 
     seen: list[tuple[int, int]] = []  # (held, undelivered) inside the commits
     real = spool.append_columns

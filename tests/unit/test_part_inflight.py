@@ -40,17 +40,17 @@ def test_tickets_are_reused_after_their_report(make_parts: Callable[..., Parts])
     p = make_parts()
     flight, client = p.flight, with_client(p)
     for s in range(5):
-        assert flight.produce(rec(s), p.pid_header)
+        assert flight.produce(rec(s))
         assert flight.outstanding() == in_use(flight) == s + 1
     tickets = [c.callback for c in client.calls]
     assert sorted(map(int, tickets)) == [0, 1, 2, 3, 4]
-    assert client.calls[2].headers == [p.pid_header, (HEADER_SEQ, b"2")]
+    assert client.calls[2].headers == [p.flight.pid_header, (HEADER_SEQ, b"2")]
     tickets[1](None, msg(offset=11))
     tickets[3](None, msg(offset=13))
     assert flight.acked == 2
     assert flight.outstanding() == in_use(flight) == 3
-    assert flight.produce(rec(5), p.pid_header)
-    assert flight.produce(rec(6), p.pid_header)
+    assert flight.produce(rec(5))
+    assert flight.produce(rec(6))
     assert {int(c.callback) for c in client.calls[5:]} == {1, 3}
     assert len(flight.slots) == 5
     assert flight.outstanding() == in_use(flight) == 5
@@ -85,15 +85,15 @@ def test_a_record_the_client_refuses_gives_its_ticket_back(
     flight, client = p.flight, with_client(p)
     client.refuse = lambda value: refusal
     if raises is None:
-        assert not flight.produce(rec(1), p.pid_header)
+        assert not flight.produce(rec(1))
     else:
         with pytest.raises(raises):
-            flight.produce(rec(1), p.pid_header)
+            flight.produce(rec(1))
     assert flight.outstanding() == in_use(flight) == 0
     assert (p.requests.take_degrade() is not None) is degrades
-    assert p.errors["produce_error"] == int(degrades)
+    assert p.counters.errors["produce_error"] == int(degrades)
     client.refuse = lambda value: None
-    assert flight.produce(rec(2), p.pid_header)
+    assert flight.produce(rec(2))
     assert len(flight.slots) == 1
     assert flight.outstanding() == 1
 
@@ -113,22 +113,23 @@ def test_a_failed_report_hands_the_record_to_custody_before_its_ticket_is_freed(
 
     flight = InFlight(
         p.config,
-        p.errors,
-        p.counts,
-        Handback(failed, p.custody.reject, p.requests.degrade),
+        p.clients,
+        p.flight.pid_header,
+        p.counters,
+        Handback(failed, p.rejects.reject, p.requests.degrade),
         None,
         p.stop,
     )
     client: Any = StandInClient()
     flight.install(client)
-    assert flight.produce(rec(7), p.pid_header)
+    assert flight.produce(rec(7))
     client.calls[0].callback(KafkaError(KafkaError._MSG_TIMED_OUT), msg(offset=None))
     assert seen == [(1, 0)]
     assert flight.outstanding() == 0
     assert p.custody.failed == [rec(7)]
     assert flight.acked == 0
     assert flight.possible_dups == 1  # a timed-out record may be in Kafka
-    assert p.errors["_MSG_TIMED_OUT"] == 1
+    assert p.counters.errors["_MSG_TIMED_OUT"] == 1
     reason = p.requests.take_degrade()
     assert reason is not None
     assert reason.startswith("delivery failed")
@@ -139,16 +140,21 @@ def test_a_record_kafka_refuses_goes_to_the_rejected_records(
     make_parts: Callable[..., Parts],
 ) -> None:
     """A report saying the record itself is bad (too large) sets it aside for the rejected
-    table and counts it; no degrade, not acked, the ticket free."""
+    table and counts it; no degrade, not acked, the ticket free; the next settle writes it
+    there."""
     p = make_parts()
     flight, client = p.flight, with_client(p)
-    assert flight.produce(rec(3), p.pid_header)
+    assert flight.produce(rec(3))
     client.calls[0].callback(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), msg(offset=None))
-    assert [row[5] for row, _ in p.custody.rejects] == [3]
-    assert p.counts["rejected"] == 1
+    assert p.rejects.pending() == 1
+    assert p.counters.rejected == 1
+    assert p.counters.errors["rejected"] == 1
     assert p.requests.take_degrade() is None
     assert flight.acked == 0
     assert flight.outstanding() == 0
+    assert p.rejects.set_aside_records()
+    assert p.rejects.pending() == 0
+    assert p.spool.rejected_count() == 1
 
 
 def test_the_unconfirmed_chain_is_detected_and_cleared_by_polled(
@@ -183,7 +189,7 @@ def test_unconfirmed_reports_resend_their_records_and_plain_acks_count(
     p = make_parts()
     flight, client = p.flight, with_client(p)
     for s in range(6):
-        assert flight.produce(rec(s), p.pid_header)
+        assert flight.produce(rec(s))
     cb = [c.callback for c in client.calls]
     cb[0](None, msg(offset=None, partition=0))
     cb[1](None, msg(offset=0, partition=0))

@@ -15,7 +15,7 @@ import pytest
 from logsdk import _owner
 from logsdk.errors import OwnershipError, SpoolError
 from logsdk.producer._pump import Event, State
-from tests.unit.producer_parts import Parts, StandInClient, parts_factory, rec, seqs_of
+from tests.unit.producer_parts import Parts, StandInClient, parts_factory, queue, queued, seqs_of
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ OWNED: dict[str, tuple[Callable[[Parts], object], str]] = {
     "Replayer.replay_some": (lambda p: p.replay.replay_some(stand_in()), "replay the spool"),
     "Replayer.settle": (lambda p: p.replay.settle(True, True), "settle the spool"),
     "DiskAlarm.failed": (lambda p: p.alarm.failed(SpoolError("x"), "write"), "disk alarm"),
-    "SeqReserver.reserve_ahead": (lambda p: p.seqs.reserve_ahead(p.gate), "reserve seqs"),
+    "SeqReserver.reserve_ahead": (lambda p: p.seqs.reserve_ahead(p.intake), "reserve seqs"),
     "InFlight.polled": (lambda p: p.flight.polled(), "serve delivery reports"),
     "InFlight.retire": (lambda p: p.flight.retire(), "retire the client"),
     "Spool": (lambda p: p.spool.read_after(0, 1), "SQLite connection"),
@@ -67,11 +67,10 @@ def test_a_thread_that_does_not_own_a_part_is_refused(
     """Each owned operation, called from a thread other than the owner: OwnershipError
     naming what it tried and both threads, kept in the violations; nothing changed."""
     p = make_parts()
-    p.pump.state = State.ONLINE
+    p.pump.begin(State.ONLINE)
     queue_seqs = [1, 2]
-    with p.gate.lock:
-        p.gate.backlog.extend(rec(s) for s in queue_seqs)
-    p.seqs.reserve_ahead(p.gate)  # the owner may
+    queue(p, queue_seqs)
+    p.seqs.reserve_ahead(p.intake)  # the owner may
     fn, what = OWNED[call]
     exc = on_thread(lambda: fn(p))
     assert isinstance(exc, OwnershipError)
@@ -80,7 +79,7 @@ def test_a_thread_that_does_not_own_a_part_is_refused(
     assert f"'{threading.current_thread().name}'" in str(exc)
     assert p.pump.state is State.ONLINE
     assert p.pump.transitions == 0
-    assert [r[5] for r in p.gate.backlog] == queue_seqs
+    assert queued(p) == queue_seqs
     assert p.spool.count == 0
     assert p.alarm.reason is None
     assert len(_owner.violations(clear=True)) == 1
@@ -94,9 +93,8 @@ def test_parts_handed_to_the_pump_thread_are_its_own_until_taken_back(
     the replay; once the pump's thread has ended, take_back() makes them the builder's
     again."""
     p = make_parts()
-    p.pump.state = State.DEGRADED
-    with p.gate.lock:
-        p.gate.backlog.extend(rec(s) for s in (1, 2, 3))
+    p.pump.begin(State.DEGRADED)
+    queue(p, [1, 2, 3])
     stepped, go = threading.Event(), threading.Event()
 
     def pump() -> None:
@@ -120,8 +118,7 @@ def test_parts_handed_to_the_pump_thread_are_its_own_until_taken_back(
     assert len(_owner.violations(clear=True)) == 2
     p.pump.take_back()
     assert seqs_of(p.spool) == [1, 2, 3]  # the pump's step spooled them (DEGRADED)
-    with p.gate.lock:
-        p.gate.backlog.append(rec(4))
+    queue(p, [4])
     assert not p.custody.spool_pending(0)  # the builder's again
     assert seqs_of(p.spool) == [1, 2, 3, 4]
     assert _owner.violations() == []

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from logsdk.producer._counters import Tally
 from logsdk.producer._replay import Pace
-from logsdk.producer._tally import Tally
 from tests.unit.producer_parts import FakeClock, fake_clock
 
 

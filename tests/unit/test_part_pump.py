@@ -18,6 +18,8 @@ from tests.unit.producer_parts import (
     StandInClient,
     fake_clock,
     parts_factory,
+    queue,
+    queued,
     rec,
 )
 
@@ -56,7 +58,7 @@ def test_transition_moves_the_pairs_of_the_table_and_refuses_every_other(
     """Every (state, event): a pair of TRANSITIONS moves to its state and is counted; any
     other raises RuntimeError and leaves the state, the count and the log as they were."""
     pump = make_parts().pump
-    pump.state = state
+    pump.begin(state)
     caplog.set_level(logging.INFO, logger="logsdk.producer")
     if (state, event) in TRANSITIONS:
         pump.transition(event, "a test")
@@ -79,7 +81,7 @@ def test_a_walk_through_the_machine_counts_each_move(make_parts: Callable[..., P
     """A walk ONLINE -> DEGRADED -> RECOVERING -> DEGRADED -> RECOVERING -> ONLINE counts
     five transitions; a refused move in the middle counts none."""
     pump = make_parts().pump
-    pump.state = State.ONLINE
+    pump.begin(State.ONLINE)
     walk = [Event.FAILURE, Event.RECOVER, Event.FAILURE, Event.RECOVER, Event.DRAINED]
     for n, event in enumerate(walk, 1):
         pump.transition(event, "step")
@@ -97,7 +99,7 @@ def test_degraded_time_grows_only_while_degraded(
     """degraded_s() adds the time spent DEGRADED and nothing else: not while ONLINE or
     RECOVERING, and it never goes back."""
     pump = make_parts().pump
-    pump.state = State.ONLINE  # as the facade sets it before the thread starts
+    pump.begin(State.ONLINE)  # as a producer with an empty spool starts
     clock.advance(5)
     assert pump.degraded_s() == 0.0
     pump.transition(Event.FAILURE, "down")
@@ -123,7 +125,7 @@ def test_degraded_time_is_kept_when_the_producer_closes_degraded(
     """A producer closed while DEGRADED keeps the time of that last outage in degraded_s()
     (it went back to the time of the earlier outages: CLOSED bypasses the table)."""
     pump = make_parts().pump
-    pump.state = State.ONLINE
+    pump.begin(State.ONLINE)
     pump.transition(Event.FAILURE, "down")
     clock.advance(4)
     before = pump.degraded_s()
@@ -140,9 +142,9 @@ def test_the_log_line_of_a_move_is_deferred_until_flush_logs(
     line (a warning for DEGRADED, info otherwise), once."""
     p = make_parts()
     pump = p.pump
-    pump.state = State.ONLINE
+    pump.begin(State.ONLINE)
     caplog.set_level(logging.INFO, logger="logsdk.producer")
-    with p.gate.lock:
+    with p.intake.lock:
         pump.transition(Event.FAILURE, "broker gone")
     pump.transition(Event.RECOVER, "3 good probes")
     assert not caplog.records
@@ -252,25 +254,26 @@ def test_an_online_backlog_is_fed_in_order_and_one_past_the_buffer_asks_for_a_de
     ``buffer_max_records`` (librdkafka is taking nothing) is left as it is, and a degrade
     is asked for: the spool takes it."""
     parts = make_parts(buffer_max_records=600)
-    pump, gate = parts.pump, parts.gate
-    pump.state = State.ONLINE
+    pump, intake = parts.pump, parts.intake
+    pump.begin(State.ONLINE)
     client = StandInClient()
     parts.flight.install(client)  # type: ignore[arg-type]
-    gate.direct = False
-    gate.backlog.extend(rec(s) for s in range(500))
+    intake.close_direct()
+    queue(parts, range(500))
     while pump.drain_backlog_to_client():
         pass
     assert [c.value for c in client.calls] == [rec(s)[2] for s in range(500)]
     assert [c.headers[-1] for c in client.calls] == [("logsdk.seq", b"%d" % s) for s in range(500)]
-    assert not gate.backlog
+    assert queued(parts) == []
     assert pump.drain_backlog_to_client() is False  # empty: direct sends are on again
-    assert gate.direct
+    assert intake.direct
     assert parts.requests.take_degrade() is None
 
-    gate.direct = False
-    gate.backlog.extend(rec(s) for s in range(500, 1101))  # 601: past the buffer
+    intake.close_direct()
+    queue(parts, range(500, 1101))  # 601: past the buffer
     assert pump.drain_backlog_to_client() is True
     assert parts.requests.take_degrade() == "local queue full beyond buffer_max_records"
-    assert len(gate.backlog) == 601  # nothing fed
+    assert len(queued(parts)) == 601  # nothing fed
     assert len(client.calls) == 500
-    assert parts.custody.feeding == 0
+    with intake.lock:
+        assert intake.held() == 601

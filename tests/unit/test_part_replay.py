@@ -77,7 +77,7 @@ def test_rows_are_handed_over_in_id_order_at_most_two_batches_in_flight(
     assert handed(client) == [1, 2, 3, 4, 5, 6]
     assert list(r.inflight) == [1, 2, 3, 4, 5, 6]
     assert r.cursor == 6
-    assert client.calls[0].headers == [p.pid_header, (HEADER_SEQ, b"101")]
+    assert client.calls[0].headers == [p.flight.pid_header, (HEADER_SEQ, b"101")]
     assert client.calls[0].value == b"v1"
     ack(client, 1)
     assert r.replay_some(client)
@@ -256,7 +256,7 @@ def test_refused_rows_go_to_the_rejected_table(make_parts: Callable[..., Parts])
     ack(client, 3, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
     for rid in (1, 5, 6):
         ack(client, rid)
-    assert p.counts["rejected"] == 3
+    assert p.counters.rejected == 3
     assert p.requests.take_degrade() is None  # the record's fault, not Kafka's
     assert r.settle(recovering=True, client_up=True)
     assert p.spool.rejected_count() == 3
