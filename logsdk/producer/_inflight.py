@@ -384,13 +384,23 @@ class InFlight:
 
     def forget(self) -> None:
         """After the threads stopped (close()): nothing serves a report any more. The
-        ticket class names this table, a reference cycle: without it, a closed producer and
-        its table (one ticket per record in flight at the peak) are freed as soon as the
-        application drops them, not at the cyclic collector's next full pass."""
+        ticket class names this table, and the handback leads to custody, which takes from
+        the intake, which produces through this table: reference cycles. Without them, a
+        closed producer and its parts (one ticket per record in flight at the peak) are
+        freed as soon as the application drops them, not at the cyclic collector's next
+        full pass."""
         cls = self.ticket
         if vars(cls).get("_flight") is self:
             delattr(cls, "_flight")
+        self._handback = _NOWHERE
 
 
 def _no_ring(seq: int) -> None:
     """Without a ring, an acknowledged record frees nothing."""
+
+
+def _nowhere(*args: object) -> None:
+    """A closed producer's reports: none come (its threads have stopped)."""
+
+
+_NOWHERE = Handback(_nowhere, _nowhere, _nowhere)
