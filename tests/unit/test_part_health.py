@@ -38,9 +38,9 @@ def seen(**kw: Any) -> Seen:
     return dataclasses.replace(base, **kw)
 
 
-def scanned(memory: Memory = Memory(), now: float = 100.0) -> Memory:
-    """The memory once the first scan is done (at ``now``)."""
-    return dataclasses.replace(memory, next_scan=now + RULES.scan_every_s)
+def scanned(memory: Memory | None = None, now: float = 100.0) -> Memory:
+    """The memory (a fresh one by default) once the first scan is done (at ``now``)."""
+    return dataclasses.replace(memory or Memory(), next_scan=now + RULES.scan_every_s)
 
 
 # -- the scan of free slots ---------------------------------------------------------------
