@@ -44,6 +44,8 @@ _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 _GRAVE: list[object] = []
 _gc_was_enabled = False
 _CHILD_HOOKS: list[Callable[[], None]] = []
+#: Objects alive that are told of a fork in the child: object -> its method's function.
+_CHILD_METHODS: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
 
 
 def bury(obj: object) -> None:
@@ -113,6 +115,12 @@ def at_fork_in_child(fn: Callable[[], None]) -> None:
     _CHILD_HOOKS.append(fn)
 
 
+def call_in_child(method: Callable[[], None]) -> None:
+    """Call ``method`` (an object's own bound method) in every forked child, while the
+    object lives (it is not kept alive for this), after the at_fork_in_child hooks."""
+    _CHILD_METHODS[method.__self__] = method.__func__  # type: ignore[attr-defined]
+
+
 def _after_fork_in_child() -> None:
     _sqlite.GATE.reset_in_child()
     fork_guard.release()  # taken by _before_fork, on the thread that is this child's own
@@ -124,6 +132,11 @@ def _after_fork_in_child() -> None:
             try:
                 fn()
             except Exception:  # a bug in one hook: the others still run
+                log.exception("logsdk: an after-fork hook failed")
+        for obj, method in list(_CHILD_METHODS.items()):
+            try:
+                method(obj)
+            except Exception:
                 log.exception("logsdk: an after-fork hook failed")
     finally:
         if _gc_was_enabled:

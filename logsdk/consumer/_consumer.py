@@ -15,7 +15,6 @@ import logging
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
@@ -258,7 +257,7 @@ class LogConsumer:
         self._dispatcher: Dispatcher | None = None
         self._offsets: OffsetMap | None = None
         self._dlt: DeadLetterProducer | None = None
-        _LIVE.add(self)
+        _fork.call_in_child(self._forked)
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -562,15 +561,3 @@ class LogConsumer:
             if known:
                 out["lag"], out["committable_lag"] = lag, committable
         return out
-
-
-#: Every consumer alive (a forked child gives each the state of its own: ``_forked``).
-_LIVE: weakref.WeakSet[LogConsumer] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for consumer in list(_LIVE):
-        consumer._forked()
-
-
-_fork.at_fork_in_child(_after_fork_in_child)

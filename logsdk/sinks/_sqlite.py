@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import weakref
 from collections.abc import Sequence
 from itertools import chain
 from pathlib import Path
@@ -109,7 +108,7 @@ class SQLiteSink:
         self.busy_timeout = float(busy_timeout)
         self._init_local()
         self._create_schema()
-        _LIVE.add(self)
+        _fork.call_in_child(self._forked)
 
     def _init_local(self) -> None:
         self._local = _ThreadState()
@@ -142,7 +141,7 @@ class SQLiteSink:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_local()
-        _LIVE.add(self)
+        _fork.call_in_child(self._forked)
 
     def _forked(self) -> None:
         """In a forked child (one thread runs): the parent's connections and locks are
@@ -460,15 +459,3 @@ class SQLiteSink:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-#: Every sink alive in this process (a forked child starts each afresh: ``_forked``).
-_LIVE: weakref.WeakSet[SQLiteSink] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for sink in list(_LIVE):
-        sink._forked()
-
-
-_fork.at_fork_in_child(_after_fork_in_child)

@@ -151,17 +151,7 @@ def test_no_producer_part_attribute_is_assigned_outside_the_module_that_defines_
 
 #: Calls of another object's private method that are not the producer's to fix (file ->
 #: the names called there, and why they are left).
-PRIVATE_CALL_EXCEPTIONS: dict[str, tuple[set[str], str]] = {
-    # The consumer's fork registry calls each consumer's ``_forked`` (the consumer is being
-    # changed for issue 44 at the same time: not the producer's to change here).
-    "logsdk/consumer/_consumer.py": ({"_forked"}, "issue 44 (consumer)"),
-    # The ring's module functions open a ring and call its ``_check_header``/``_recover``;
-    # shm/_ring.py is being split for issue 45 (frames, segment, ring) by another change.
-    "logsdk/shm/_ring.py": ({"_check_header", "_recover"}, "issue 45 shm split"),
-    # The SQLite sink's fork registry calls each sink's ``_forked``: the sinks are not the
-    # producer's; reported, left to their owner.
-    "logsdk/sinks/_sqlite.py": ({"_forked"}, "the sinks' owner"),
-}
+PRIVATE_CALL_EXCEPTIONS: dict[str, tuple[set[str], str]] = {}
 
 
 def private_calls_across_objects() -> list[str]:
@@ -310,16 +300,7 @@ SPLIT: tuple[str, ...] = (
 )
 #: Modules over their bound today, and why (each is being split, or is not the
 #: producer's to split).
-SIZE_EXCEPTIONS: dict[str, str] = {
-    # Being split for issue 45 by another change (the record codec, state.json, salvage and
-    # the checkpointer out of Spool; slot status out of the CLI; frames, segment and ring
-    # apart): listed only while those splits land.
-    "logsdk/spool/_spool.py": "issue 45 spool split, under way",
-    "logsdk/_cli/spool.py": "issue 45 CLI split, under way",
-    "logsdk/shm/_ring.py": "issue 45 shm split, under way",
-    # 701 lines, not named by issue 45 and not the producer's: reported, left to its owner.
-    "logsdk/placement/_ring.py": "placement, not the producer's",
-}
+SIZE_EXCEPTIONS: dict[str, str] = {}
 
 
 def test_no_module_is_too_long() -> None:
