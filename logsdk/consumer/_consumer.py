@@ -354,6 +354,7 @@ class LogConsumer:
             fetcher.on_lost,
             fetcher.pause_new_partitions,
             incremental=self._protocol.incremental,
+            on_commit=fetcher.on_commit,
         )
 
     def _fail(self, exc: BaseException) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsdk.consumer._kafka import KafkaConsumerClient, Run, message_bytes, to_columns
-from logsdk.consumer._offsets import Chunk, OffsetMap, encode_completed, ranges_for
+from logsdk.consumer._offsets import Chunk, CommitPoint, OffsetMap, encode_completed, ranges_for
 from logsdk.consumer._records import TopicPartition
 from logsdk.consumer._workers import Counters, Dispatcher
 from logsdk.errors import CommitMetadataTooLargeError, ConsumerError
@@ -52,7 +52,9 @@ class Fetcher:
     Built on the caller's thread, which subscribes and then hands the client to the fetch
     thread (:meth:`start`); only that thread touches the client, and the loop's own state
     (``paused``, the fill clock, the record size average, ``metadata_supported``, the
-    commit metadata cap learned from the broker) from then on. ``paused`` and
+    commit metadata cap learned from the broker, the asynchronous commit under way) from
+    then on; the client's callbacks (rebalances, commit results) run on it too, inside
+    its poll. ``paused`` and
     ``metadata_supported`` are published gauges (any thread reads them);
     ``high_watermarks``, ``committed`` and the assigned set are read by other
     threads under ``_lock`` (:meth:`snapshot`, :meth:`assigned`). Other threads may call
@@ -97,6 +99,12 @@ class Fetcher:
         self._avg_bytes = 0.0  # bytes per record polled (moving average; 0: none yet)
         # When to say that no partition came (see _warn_unassigned); None: said, or moot.
         self._unassigned_check: float | None = None
+        # The asynchronous commit under way (payload, when sent), a commit asked for at the
+        # next turn of the loop, and a commit whose metadata is to be read back.
+        self._inflight: tuple[dict[TopicPartition, tuple[int, str | None]], float] | None = None
+        self._inflight_limit = max(30.0, 5 * settings.commit_interval)
+        self._commit_again = False
+        self._to_detect: dict[TopicPartition, tuple[int, str | None]] | None = None
         self._client = client_factory(self)
         self._closed = False  # close() ran (LogConsumer's life-cycle lock serialises it)
         self._thread = threading.Thread(target=self._run, name="logsdk-fetch", daemon=True)
@@ -171,13 +179,19 @@ class Fetcher:
                     runs = self._client.poll(n, 0.1)
                     if runs:
                         self._ingest(self._trim(runs))
+                    if self._client.take_rebalanced():
+                        self._restart_fetching()
                 now = time.monotonic()
-                if now >= next_commit:
-                    self._commit(force=False)
+                if now >= next_commit or self._commit_again:
+                    self._commit_again = False
+                    self._commit_in_background()
                     self._refresh_watermarks()
                     next_commit = now + self._s.commit_interval
                     if self._unassigned_check is not None and now >= self._unassigned_check:
                         self._warn_unassigned()
+                if self._to_detect is not None:
+                    payload, self._to_detect = self._to_detect, None
+                    self._detect_metadata(payload)
         except BaseException as exc:
             self._on_fatal(exc)
         finally:
@@ -293,19 +307,28 @@ class Fetcher:
 
     # -- offsets ----------------------------------------------------------------------------
 
+    def _payload(
+        self, points: dict[TopicPartition, CommitPoint]
+    ) -> dict[TopicPartition, tuple[int, str | None]]:
+        """``{tp: (offset, metadata)}``: each point with its out-of-order map, within the cap."""
+        payload: dict[TopicPartition, tuple[int, str | None]] = {}
+        for tp, point in points.items():
+            md = None
+            if self.metadata_supported is not False and self._metadata_cap > 0:
+                md, kept = encode_completed(point.offset, point.ranges, self._metadata_cap)
+                if kept < len(point.ranges):
+                    self._counters.add("metadata_truncated")
+            payload[tp] = (point.offset, md)
+        return payload
+
     def _commit(self, force: bool, only: set[TopicPartition] | None = None) -> None:
+        """Commit and wait for the result: what a revocation and the shutdown need before
+        the partitions go to another member."""
         points = self._offsets.commit_points(force, only)
         if not points:
             return
         while True:
-            payload: dict[TopicPartition, tuple[int, str | None]] = {}
-            for tp, point in points.items():
-                md = None
-                if self.metadata_supported is not False and self._metadata_cap > 0:
-                    md, kept = encode_completed(point.offset, point.ranges, self._metadata_cap)
-                    if kept < len(point.ranges):
-                        self._counters.add("metadata_truncated")
-                payload[tp] = (point.offset, md)
+            payload = self._payload(points)
             try:
                 self._client.commit(payload, asynchronous=False)
             except CommitMetadataTooLargeError as exc:
@@ -316,18 +339,74 @@ class Fetcher:
                 self._shrink_metadata_cap(payload, exc.partitions)
                 continue
             except ConsumerError as exc:
-                self._counters.add("commit_errors")
-                self._offsets.mark_dirty(payload)
-                log.warning("offset commit failed (retried at the next interval): %s", exc)
+                self._commit_failed(payload, exc)
                 return
             break
+        self._commit_done(payload)
+        if self.metadata_supported is None:
+            self._detect_metadata(payload)
+
+    def _commit_in_background(self) -> None:
+        """The periodic commit: asynchronous, its result served by a later poll
+        (:meth:`on_commit`), one at a time. Waiting for it would hold the fetch thread, and
+        with it the fetching of every partition, as long as the coordinator holds the
+        request: through the whole second round of a cooperative rebalance (a commit
+        waited 0.65-0.79 s there, measured, while no partition of the member was fetched)."""
+        if self._inflight is not None:
+            payload, since = self._inflight
+            if time.monotonic() - since < self._inflight_limit:
+                return
+            # librdkafka reports every commit; one it never reported is done again.
+            self._inflight = None
+            self._commit_failed(
+                payload, ConsumerError(f"no result for an offset commit in {self._inflight_limit}s")
+            )
+        points = self._offsets.commit_points(False)
+        if not points:
+            return
+        payload = self._payload(points)
+        try:
+            self._client.commit(payload, asynchronous=True)
+        except ConsumerError as exc:
+            self._commit_failed(payload, exc)
+            return
+        self._inflight = (payload, time.monotonic())
+
+    def on_commit(self, error: ConsumerError | None) -> None:
+        """The result of the commit :meth:`_commit_in_background` sent (inside poll)."""
+        if self._inflight is None:
+            return
+        payload, _ = self._inflight
+        self._inflight = None
+        if error is None:
+            self._commit_done(payload)
+            if self.metadata_supported is None:
+                self._to_detect = payload
+        elif isinstance(error, CommitMetadataTooLargeError):
+            # As in _commit: learn the cap, and commit again at the next turn of the loop.
+            self._counters.add("metadata_truncated", len(error.partitions))
+            self._shrink_metadata_cap(payload, error.partitions)
+            self._offsets.mark_dirty(payload)
+            self._commit_again = True
+        else:
+            self._commit_failed(payload, error)
+
+    def _commit_done(self, payload: dict[TopicPartition, tuple[int, str | None]]) -> None:
         self._counters.add("commits")
         with self._lock:
             for tp, (off, _) in payload.items():
                 self._offsets.mark_committed(tp, off)
-                self.committed[tp] = off
-        if self.metadata_supported is None:
-            self._detect_metadata(payload)
+                # An asynchronous result served after a later synchronous commit (at a
+                # revocation) is the older one.
+                if off > self.committed.get(tp, -1):
+                    self.committed[tp] = off
+
+    def _commit_failed(
+        self, payload: dict[TopicPartition, tuple[int, str | None]], exc: ConsumerError
+    ) -> None:
+        self._counters.add("commit_errors")
+        self._offsets.mark_dirty(payload)
+        log.warning("offset commit failed (retried at the next interval): %s", exc)
 
     def _shrink_metadata_cap(
         self,
@@ -463,6 +542,22 @@ class Fetcher:
         with self._lock:
             self._assigned.difference_update(tps)
         log.warning("partitions lost %s", tps)
+
+    def _restart_fetching(self) -> None:
+        """After an incremental rebalance: fetch the partitions that stayed again at once
+        (see KafkaConsumerClient.take_rebalanced), each from the offset after the last
+        record admitted. Not while the fetcher holds them paused (resuming them restarts
+        them), nor a partition held for a rewind (its seek comes with the rewind)."""
+        if self.paused:
+            return
+        blocked = set(self._offsets.blocked())
+        self._client.restart_fetching(
+            {
+                tp: next_fetch
+                for tp, (next_fetch, _, _) in self._offsets.positions().items()
+                if next_fetch is not None and tp not in blocked
+            }
+        )
 
     def _apply_rewinds(self) -> None:
         if self.paused:

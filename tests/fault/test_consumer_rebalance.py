@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException, Message
+from confluent_kafka.admin import AdminClient
 
 from logsdk import LogConsumer, Record
 from logsdk.consumer import TopicPartition
@@ -58,6 +59,22 @@ def group_config(cluster: ApacheKafka, rebalance: str) -> dict[str, Any]:
 def new_topic(cluster: ApacheKafka, stem: str, partitions: int) -> str:
     name = f"{stem}-{uuid.uuid4().hex[:8]}"
     return create_topic(cluster.bootstrap_servers, name, partitions, replication_factor=3)
+
+
+def group_settled(cluster: ApacheKafka, group: str, members: int) -> bool:
+    """The group coordinator says ``group`` is stable with ``members`` members, each holding
+    partitions: no rebalance under way (a member frozen during one is kept by the classic
+    coordinator until the rebalance times out, not fenced at its session timeout)."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result(10)
+    except KafkaException:
+        return False
+    return (
+        desc.state == ConsumerGroupState.STABLE
+        and len(desc.members) == members
+        and all(m.assignment and m.assignment.topic_partitions for m in desc.members)
+    )
 
 
 def sink_state(db: Path) -> tuple[list[tuple[int, int]], dict[int, int]]:
@@ -132,7 +149,7 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
     (fenced: its partitions lost, never committed), the first leaves, the third is
     SIGKILLed (its partitions wait for its session to expire) and a new one takes its
     place: each record stored once, none missing, every stored offset at the end."""
-    partitions, n = 6, 18_000
+    partitions, n = 6, 36_000
     topic = new_topic(apache_cluster, f"eos-{rebalance}", partitions)
     produce(apache_cluster.client_config("producer"), topic, n, partitions=partitions)
     db = tmp_path / "sink.db"
@@ -142,7 +159,8 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
     def member(name: str) -> subprocess.Popen[bytes]:
         outputs[name] = tmp_path / f"{name}.out"
         args = [sys.executable, str(CHILD), "eos", apache_cluster.bootstrap_servers, topic]
-        # 300 records a second a worker: the run outlasts the group's changes.
+        # 300 records a second a worker: the run outlasts the group's changes (c's join
+        # took 1-5 s to settle, then b is frozen for 5 s).
         args += [f"g-{topic}", str(db), rebalance, "300"]
         with outputs[name].open("wb") as out, (tmp_path / f"{name}.err").open("wb") as err:
             return spawn(args, env=env, stdout=out, stderr=err)
@@ -162,6 +180,7 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
     reach(0.1, a, b)
     c = member("c")  # joins
     reach(0.25, a, b, c)
+    wait_until(lambda: group_settled(apache_cluster, f"g-{topic}", 3), 60, "c's rebalance done")
     # b stops dead past its session timeout (2 s classic, the broker's 3 s under the consumer
     # protocol): fenced, its partitions go to the others; woken, it finds them lost (nothing
     # of them committed) and joins again.
