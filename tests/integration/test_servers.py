@@ -26,6 +26,7 @@ from confluent_kafka import Message
 from logsdk.spool._check import check_spool_dir
 from logsdk.testing import EmbeddedBroker, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -175,9 +176,14 @@ def test_gunicorn_worker_sigkilled_with_shm_loses_no_answered_line(
     proc = server(cmd, _env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool", "shm"))
     _wait_port(port, proc)
     answered = []
-    workers = subprocess.run(
-        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=True
-    ).stdout.split()
+
+    def children() -> list[str]:
+        found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        return found.stdout.split()
+
+    # gunicorn listens before it forks its workers: wait for all three.
+    wait_until(lambda: len(children()) == 3, 30, "gunicorn's three workers")
+    workers = children()
     for rid in range(2000):
         if rid == 1000:
             os.kill(int(workers[0]), signal.SIGKILL)
