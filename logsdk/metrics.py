@@ -104,6 +104,10 @@ PRODUCER_METRICS: dict[str, MetricDoc] = {
     "drain_rejected": MetricDoc(
         "counter", "records of slots left by other processes its drains set aside as refused"
     ),
+    "free_slot_records": MetricDoc(
+        "gauge",
+        "records in slots left by other processes it leaves alone while Kafka does not answer",
+    ),
     "undelivered": MetricDoc(
         "gauge",
         "records not yet in Kafka (memory, spool, slots being drained): what flush waits for",
