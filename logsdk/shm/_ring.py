@@ -20,6 +20,12 @@ Invariants:
   flag the settled frames past it, under one lock, so no flag is ever written into space
   the tail has already given back. A crash before that resends the record: a duplicate,
   never a loss;
+- a ring drained by another process (``drained_elsewhere``: ``LogProducer(delivery=
+  "agent")``, read by ``logsdk agent`` through :class:`logsdk.shm._reader.RingReader`)
+  is written here and read there: the writer never moves the tail after the ring is
+  made, it follows the tail the reader publishes (:meth:`ShmRing._follow_tail`), and
+  takes it only when it lies between the tail it knew and its own head (the reader is
+  another process: never trusted);
 - one live owner per segment (its ``flock``, :func:`logsdk.shm._segment.take_ownership`);
   a forked child closes its copies of the descriptors that hold it
   (:func:`_leave_segments_to_parent`).
@@ -63,6 +69,7 @@ from logsdk.shm._segment import (
     holds_ring,
     map_segment,
     publish_index,
+    read_index,
     reserve,
     take_ownership,
     write_header,
@@ -93,6 +100,8 @@ class ShmRing:
     ) -> None:
         """``found``: what a reading of the segment found (a dead owner's ring)."""
         self.name = name
+        #: Another process (an agent) reads the frames and moves the tail; set by attach.
+        self.drained_elsewhere = False
         self._shm = shm
         self._mm = mm
         self.capacity = len(mm) - HEADER_SIZE
@@ -134,9 +143,18 @@ class ShmRing:
 
     @classmethod
     def attach(
-        cls, name: str, capacity: int, producer_id: str, spool_dir: str | os.PathLike[str]
+        cls,
+        name: str,
+        capacity: int,
+        producer_id: str,
+        spool_dir: str | os.PathLike[str],
+        *,
+        drained_elsewhere: bool = False,
     ) -> ShmRing:
         """Open or create the segment and take ownership of it.
+
+        ``drained_elsewhere``: another process reads the ring and moves its tail (see the
+        module docstring); the segment must be new (a unique name).
 
         A segment left by a dead owner is read first: its unsettled records are in
         :attr:`recovered` (and the corrupt regions skipped in :attr:`corrupt`) until
@@ -154,10 +172,15 @@ class ShmRing:
             except (posix_ipc.Error, OSError, ValueError) as exc:
                 raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
             try:
-                return cls._take(name, shm, capacity, producer_id, os.fspath(spool_dir))
+                ring = cls._take(name, shm, capacity, producer_id, os.fspath(spool_dir))
             except BaseException:
                 shm.close_fd()
                 raise
+            if drained_elsewhere and ring.recovered:
+                ring.close(unlink=False)
+                raise ShmError(f"shared memory segment {name} already holds records")
+            ring.drained_elsewhere = drained_elsewhere
+            return ring
 
     @classmethod
     def _take(
@@ -364,7 +387,12 @@ class ShmRing:
     def drain_settled(self) -> None:
         """Let the tail pass the frames of the records settled so far, and flag those it
         cannot pass yet, so a recovering reader skips them (fewer duplicates after a
-        crash). Any thread; the producer's pump calls it after each poll."""
+        crash). Any thread; the producer's pump calls it after each poll. A ring drained
+        elsewhere: take the tail its reader published (:meth:`_follow_tail`)."""
+        if self.drained_elsewhere:
+            with self._settle_lock:
+                self._follow_tail()
+            return
         if self._settled:
             with self._settle_lock:
                 self._drain()
@@ -375,6 +403,30 @@ class ShmRing:
         the open set, so the seq may name a new record."""
         with self._settle_lock:
             self._drain()
+
+    def publish_head(self) -> None:
+        """Publish the head now (the writer: the caller serialises with put), so that a
+        reader in another process may move the tail up to the last frame written
+        (``LogProducer.flush`` with ``delivery="agent"``)."""
+        if not self.closed:
+            self._publish_head(self._head)
+
+    def _follow_tail(self) -> None:
+        """A ring drained elsewhere: take the tail its reader published, when it lies
+        between the tail known here and the head (anything else is ignored: the reader is
+        another process), and forget the frames behind it. Caller holds _settle_lock."""
+        if self.closed:
+            return
+        tail = read_index(self._mm, TAIL_OFF)
+        if tail is None or not self._tail <= tail <= self._head:
+            return
+        self._tail = tail
+        open_ = self._open
+        while True:
+            first = _first_key(open_)
+            if first is None or open_[first] >= tail:
+                return
+            del open_[first]
 
     def _drain(self) -> None:
         """Take the settled records out of the open set, publish the tail at the oldest
@@ -414,7 +466,10 @@ class ShmRing:
         tail never passes the published head."""
         self._publish_head(self._head)
         with self._settle_lock:  # a drain between its pop and its flag write ends first
-            self._drain()
+            if self.drained_elsewhere:
+                self._follow_tail()
+            else:
+                self._drain()
 
     def _publish_head(self, head: int) -> None:
         publish_index(self._mm, HEAD_OFF, head)

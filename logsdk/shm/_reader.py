@@ -1,0 +1,284 @@
+"""Reading a live ring from another process: ``logsdk agent``'s side of
+``LogProducer(delivery="agent")``.
+
+The application writes its ring (:class:`logsdk.shm.ShmRing`, ``drained_elsewhere``) and
+never moves its tail; a :class:`RingReader` in the agent takes its frames, and once each
+record is safe (acknowledged by Kafka, or committed to the agent's spool) settles it:
+flags its frame and moves the tail up to the oldest frame not settled. The writer
+follows that tail to find room.
+
+Names: the rings of one spool root are ``/logsdk-a<16 hex of the root's real path>-<producer
+id>`` (:func:`ring_name`), so the agent of that root finds them by prefix in ``/dev/shm``
+(:func:`ring_names`), and each application process (each fork) has a ring and a producer
+id of its own.
+
+Invariants:
+- the segment is untrusted input (another local process wrote it, or a bug did): the
+  header is checked (magic, version, sizes, the producer id's characters), each index
+  is taken only within bounds, each frame only where its stored position and CRC match
+  (:class:`logsdk.shm._frames.FrameReader`), and a record's lengths must add up to the
+  frame's; a frame that fails is counted (``corrupt``) and skipped, never delivered and
+  never fatal;
+- the tail never passes a frame taken and not settled, nor the head the writer published
+  (a recovering reader takes a tail past the head for a torn index), nor the frames not
+  read yet; a settled frame the tail cannot pass yet is flagged, so that the next reader
+  (an agent restarted after a crash) skips it;
+- while the writer lives, an invalid frame at or past its published head is a write not
+  finished (or not begun): the reader waits for it. Once the writer is dead, a reader
+  scans as a recovering owner does (:func:`logsdk.shm._frames.read_ring`): up to
+  ``2 * sync_bytes`` past the head, and an invalid region with no valid frame after it
+  is the end.
+
+Owner: the thread that made the reader (the agent's thread); nothing else touches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+import re
+import struct
+
+import posix_ipc
+
+from logsdk._owner import Owner
+from logsdk.errors import ShmError
+from logsdk.shm._frames import FRAME, REC, FrameReader, sync_bytes
+from logsdk.shm._segment import (
+    HEAD_OFF,
+    HEADER_SIZE,
+    MAGIC,
+    MIN_CAPACITY,
+    POS_MAX,
+    SHM_DIR,
+    TAIL_OFF,
+    VERSION,
+    owner_alive,
+    publish_index,
+    read_header,
+    read_index,
+)
+from logsdk.spool._codec import Row
+
+_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,32}")
+
+
+def ring_prefix(spool_root: str | os.PathLike[str]) -> str:
+    """The name prefix (without ``/``) of the rings of ``spool_root``."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(spool_root))).hexdigest()[:16]
+    return f"logsdk-a{digest}-"
+
+
+def ring_name(spool_root: str | os.PathLike[str], producer_id: str) -> str:
+    """The POSIX name of the ring of producer ``producer_id`` under ``spool_root``."""
+    return f"/{ring_prefix(spool_root)}{producer_id}"
+
+
+def ring_names(spool_root: str | os.PathLike[str]) -> list[str]:
+    """The rings of ``spool_root`` that exist now, this user's only (Linux: /dev/shm)."""
+    prefix = ring_prefix(spool_root)
+    uid = os.geteuid()
+    out = []
+    with contextlib.suppress(OSError):
+        for e in os.scandir(SHM_DIR):
+            if not e.name.startswith(prefix):
+                continue
+            with contextlib.suppress(OSError):
+                if e.is_file(follow_symlinks=False) and e.stat().st_uid == uid:
+                    out.append("/" + e.name)
+    return sorted(out)
+
+
+class RingReader:
+    """The agent's reader of one application's ring (see the module docstring).
+
+    Owner: the thread that made it (checked in every method that touches the mapping).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.owner = Owner(f"the reader of ring {name}")
+        try:
+            shm = posix_ipc.SharedMemory(name, 0)
+        except posix_ipc.ExistentialError:
+            raise ShmError(f"no shared memory segment named {name}") from None
+        except (posix_ipc.Error, OSError, ValueError) as exc:
+            raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
+        self._shm = shm
+        try:
+            self._mm = self._map(name, shm.fd)
+        except BaseException:
+            shm.close_fd()
+            raise
+        header = read_header(self._mm)
+        self.capacity = header.capacity
+        self.producer_id = header.producer_id
+        self._sync = sync_bytes(self.capacity)
+        self._frames = FrameReader(self._mm, self.capacity)
+        head = self._head()
+        tail = read_index(self._mm, TAIL_OFF)
+        if tail is None or tail > head or head - tail > self.capacity:
+            tail = max(0, head - self.capacity)  # a torn or forged tail: one lap back
+        self._tail = tail
+        #: Where the next frame is read.
+        self.cursor = tail
+        #: Positions of the frames taken and not settled yet, in ring order.
+        self._open: dict[int, None] = {}
+        #: The writer is dead and every frame up to its last one has been read.
+        self.finished = False
+        self.closed = False
+
+    @staticmethod
+    def _map(name: str, fd: int) -> mmap.mmap:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise ShmError(f"shared memory segment {name} belongs to uid {st.st_uid}, not us")
+        size = st.st_size
+        if size < HEADER_SIZE + MIN_CAPACITY:
+            raise ShmError(f"{name} is not a logsdk ring ({size} bytes)")
+        mm = mmap.mmap(fd, size)
+        try:
+            header = read_header(mm)
+            if header.magic != MAGIC:
+                raise ShmError(f"{name} is not a logsdk ring (or not initialised yet)")
+            if header.version != VERSION or header.header_size != HEADER_SIZE:
+                raise ShmError(
+                    f"ring {name} was written by another logsdk (layout version "
+                    f"{header.version}, this agent reads {VERSION}): run an agent of the "
+                    "application's logsdk version for it"
+                )
+            if header.capacity != size - HEADER_SIZE or header.capacity % 8:
+                raise ShmError(f"ring {name}: capacity {header.capacity} does not match its size")
+            if not _ID_RE.fullmatch(header.producer_id):
+                raise ShmError(f"ring {name}: producer id {header.producer_id!r} is not valid")
+        except BaseException:
+            mm.close()
+            raise
+        return mm
+
+    def _head(self) -> int:
+        """The head the writer published (0 when unreadable or out of range)."""
+        head = read_index(self._mm, HEAD_OFF)
+        return head if head is not None and head <= POS_MAX else 0
+
+    def writer_alive(self) -> bool:
+        """True while the application that writes the ring holds its lock."""
+        return owner_alive(self._shm.fd)
+
+    @property
+    def open(self) -> int:
+        """Frames taken and not settled yet."""
+        return len(self._open)
+
+    @property
+    def corrupt(self) -> int:
+        """Corrupt frames or regions met so far."""
+        return self._frames.corrupt
+
+    def take(self, limit: int, alive: bool) -> list[tuple[int, Row]]:
+        """Up to ``limit`` records not taken yet, oldest first, with their positions
+        (``alive``: the writer still lives; see the module docstring). A frame whose
+        record does not decode is counted and skipped."""
+        self.owner.check("read a ring")
+        out: list[tuple[int, Row]] = []
+        if self.closed or self.finished:
+            return out
+        cap, mm, frames = self.capacity, self._mm, self._frames
+        head = max(self._head(), self._tail)
+        end = self._tail + cap  # no frame reaches past it
+        while len(out) < limit:
+            pos = self.cursor
+            if pos >= end:
+                break  # a full lap from the tail: the writer waits for room
+            room = cap - pos % cap
+            if room < FRAME:
+                if pos >= head and alive:
+                    break  # the writer has not gone past the lap's end yet
+                self.cursor = pos + room
+                continue
+            size = frames.frame_size(pos, end)
+            if size is None:
+                if pos < head:
+                    # Written before the head was published: damaged. Go on at the next
+                    # valid frame (the head, if none is before it).
+                    nxt = frames.resync(pos + 8, head, end)
+                    frames.corrupt += 1
+                    self.cursor = min(nxt, head)
+                    continue
+                if alive:
+                    break  # not written yet
+                limit_pos = min(head + 2 * self._sync, end)
+                nxt = frames.resync(pos + 8, limit_pos, end)
+                if nxt >= limit_pos:
+                    self.finished = True  # a write the writer's death interrupted, or none
+                    break
+                frames.corrupt += 1
+                self.cursor = nxt
+                continue
+            off = HEADER_SIZE + pos % cap
+            self.cursor = pos + size
+            if struct.unpack_from("<I", mm, off)[0] != REC or mm[off + 8] != 0:
+                continue  # a pad, or a record already settled (by an earlier agent)
+            try:
+                row = frames.decode(off)
+            except (struct.error, ValueError, IndexError):
+                row = None
+            if row is None:
+                frames.corrupt += 1
+                continue
+            self._open[pos] = None
+            out.append((pos, row))
+        return out
+
+    def reject(self, pos: int) -> None:
+        """The record taken at ``pos`` is not deliverable (the agent found it invalid): it
+        is counted corrupt and settled, so it is never read again."""
+        self._frames.corrupt += 1
+        self.settle([pos])
+
+    def settle(self, positions: list[int]) -> None:
+        """The records taken at ``positions`` are safe (in Kafka, or committed to the
+        agent's spool): flag their frames and move the tail (see the module docstring)."""
+        self.owner.check("settle a ring's frames")
+        if self.closed:
+            return
+        open_ = self._open
+        for pos in positions:
+            open_.pop(pos, None)
+        tail = min(self.cursor, max(self._head(), self._tail))
+        if open_:
+            tail = min(tail, next(iter(open_)))
+        mm, cap = self._mm, self.capacity
+        if tail > self._tail:
+            publish_index(mm, TAIL_OFF, tail)
+            self._tail = tail
+        for pos in positions:
+            if pos >= self._tail:
+                mm[HEADER_SIZE + 8 + pos % cap] = 1
+
+    def advance(self) -> None:
+        """Move the tail as far as it may go now (the writer may have published its head
+        since the last settle)."""
+        self.settle([])
+
+    @property
+    def tail(self) -> int:
+        """The tail as this reader last published it."""
+        return self._tail
+
+    def unlink(self) -> None:
+        """Remove the segment (its writer is dead and everything in it is safe)."""
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_shared_memory(self.name)
+
+    def close(self) -> None:
+        """Unmap; the segment stays (its records are the writer's, or the next agent's)."""
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(BufferError, ValueError):
+            self._mm.close()
+        with contextlib.suppress(OSError, posix_ipc.Error):
+            self._shm.close_fd()
