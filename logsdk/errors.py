@@ -16,6 +16,7 @@ attributes (``retriable``) so callers branch on what to do, not on the class::
     │   └── SpoolFullError                   the spool reached spool_max_bytes
     ├── SpoolError                           the on-disk spool cannot be used
     │   ├── SpoolLockedError                 another producer holds this spool dir
+    │   │   └── AgentLockedError             another ``logsdk agent`` holds this spool root
     │   └── SpoolCorruptError                its database is damaged (``corrupt``): rebuilt
     ├── ShmError                             the shared-memory ring cannot be used
     │   └── ShmInUseError                    another live producer holds this shm segment
@@ -94,6 +95,11 @@ class SpoolLockedError(SpoolError):
     """Another live producer already uses this spool directory."""
 
     retriable = False
+
+
+class AgentLockedError(SpoolLockedError):
+    """Another live ``logsdk agent`` already drains this spool root (one per root); the
+    message names its pid."""
 
 
 class ShmError(LogSDKError):

@@ -134,7 +134,11 @@ class KafkaHandler(logging.Handler):
     ) -> None:
         super().__init__(level)
         self.flush_timeout = check_seconds(flush_timeout, "flush_timeout")
-        buffer = producer_kwargs.get("buffer") if producer is None else producer.config.buffer
+        cfg = None if producer is None else producer.config
+        buffer = producer_kwargs.get("buffer") if cfg is None else cfg.buffer
+        delivery = producer_kwargs.get("delivery") if cfg is None else cfg.delivery
+        if delivery == "agent":
+            buffer = "shm"  # delivery="agent": every record in the ring, as with buffer="shm"
         if background and buffer == "shm":
             raise ConfigError(
                 "background=True holds records in this process until its thread sends "

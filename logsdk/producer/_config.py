@@ -82,6 +82,7 @@ class ProducerConfig:
     message_max_bytes: int = 1_000_000
     shm_name: str | None = None
     shm_bytes: int = 64 << 20
+    delivery: Literal["direct", "agent"] = "direct"
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
@@ -91,6 +92,8 @@ class ProducerConfig:
             raise ConfigError("spool_dir must be a directory path")
         if self.buffer not in ("memory", "shm"):
             raise ConfigError(f"buffer must be 'memory' or 'shm', got {self.buffer!r}")
+        if self.delivery not in ("direct", "agent"):
+            raise ConfigError(f"delivery must be 'direct' or 'agent', got {self.delivery!r}")
         if self.when_full not in WHEN_FULL:
             raise ConfigError(f"when_full must be one of {WHEN_FULL}, got {self.when_full!r}")
         positive = {
@@ -155,6 +158,6 @@ class ProducerConfig:
     def __repr__(self) -> str:
         return (
             f"ProducerConfig(bootstrap_servers={self.bootstrap_servers!r}, topic={self.topic!r}, "
-            f"spool_dir={self.spool_dir!r}, buffer={self.buffer!r}, "
+            f"spool_dir={self.spool_dir!r}, buffer={self.buffer!r}, delivery={self.delivery!r}, "
             f"kafka_config={redacted(self.kafka_config)!r}, when_full={self.when_full!r})"
         )

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from logsdk.producer._config import ProducerConfig, WhenFull
 from logsdk.producer._engine import Engine
 from logsdk.producer._intake import Intake
+from logsdk.producer._outlet import Outlet
 from logsdk.producer._pump import State
 from logsdk.producer._records import HEADER_PRODUCER, HEADER_SEQ
 
@@ -75,6 +76,12 @@ class LogProducer:
     of this process (even SIGKILL) resends them. A full ring is handled per ``when_full``
     (``drop_oldest`` waits like ``block``); see :mod:`logsdk.shm._ring` for the layout.
 
+    ``delivery="agent"``: ``send()`` only writes the record into a shared-memory ring of
+    this process (``shm_bytes`` long) and returns; ``logsdk agent --spool-root
+    <spool_dir>`` (one per host and spool root) ships it to Kafka, spooling and replaying
+    it there. No librdkafka client, thread or SQLite file in this process; flush() and
+    close() wait for the agent to have taken the records (see docs/agent.md).
+
     ``kafka_config`` passes librdkafka properties through (SASL/SSL included; their
     secrets are never logged or shown). ``enable.idempotence`` and ``acks=all`` are
     set by logsdk and may not be weakened.
@@ -103,6 +110,7 @@ class LogProducer:
         message_max_bytes: int = 1_000_000,
         shm_name: str | None = None,
         shm_bytes: int = 64 << 20,
+        delivery: Literal["direct", "agent"] = "direct",
     ) -> None:
         self.config = ProducerConfig(
             bootstrap_servers=bootstrap_servers,
@@ -125,8 +133,14 @@ class LogProducer:
             message_max_bytes=message_max_bytes,
             shm_name=shm_name,
             shm_bytes=shm_bytes,
+            delivery=delivery,
         )
-        self._engine = Engine(self.config, on_start=self._bind_send)
+        self._engine: Engine | Outlet
+        if delivery == "agent":
+            self._engine = Outlet(self.config)
+            self.__dict__["send"] = self._engine.send
+        else:
+            self._engine = Engine(self.config, on_start=self._bind_send)
 
     def _bind_send(self, intake: Intake) -> None:
         # send() is the intake's own bound method, found in this instance's dict: one call
@@ -152,9 +166,9 @@ class LogProducer:
         :class:`~logsdk.errors.RecordTooLargeError` above ``message_max_bytes`` and,
         only when Kafka is unavailable and the spool is full, per ``when_full``.
         """
-        self._engine.parts.intake.send(
-            value, key, topic=topic, headers=headers, timestamp=timestamp
-        )
+        engine = self._engine
+        sender = engine.send if isinstance(engine, Outlet) else engine.parts.intake.send
+        sender(value, key, topic=topic, headers=headers, timestamp=timestamp)
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait until every record accepted so far is acknowledged by Kafka, the spooled
@@ -256,4 +270,7 @@ class LogProducer:
 def engine_of(producer: LogProducer) -> Engine:
     """The engine under ``producer``: for tools that look at its parts
     (:func:`logsdk.testing.producer_hooks`), not an API."""
-    return producer._engine
+    engine = producer._engine
+    if not isinstance(engine, Engine):
+        raise TypeError("a producer with delivery='agent' has no engine")
+    return engine

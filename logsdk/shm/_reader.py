@@ -91,6 +91,35 @@ def ring_names(spool_root: str | os.PathLike[str]) -> list[str]:
     return sorted(out)
 
 
+def first_key(d: dict[int, int]) -> int | None:
+    """The first key of ``d`` (None if empty), while a writer may insert into it: put()
+    adds a frame under the send lock only, and an insert between ``iter()`` and ``next()``
+    makes ``next()`` raise RuntimeError (a dict that changed size during iteration; it
+    never yields a wrong key). Only inserts race with the drainer (it alone removes, under
+    the settle lock), and an insert never changes the first key of a non-empty dict: look
+    again."""
+    while True:
+        try:
+            return next(iter(d), None)
+        except RuntimeError:
+            continue
+
+
+def follow_tail(mm: mmap.mmap, known: int, head: int, open_: dict[int, int]) -> int:
+    """The writer's side of a ring drained elsewhere: the tail its reader published, taken
+    only between the tail ``known`` here and the writer's ``head`` (else ``known``: the
+    reader is another process), with the frames behind it dropped from ``open_`` (seq ->
+    position, in ring order). The caller holds the ring's settle lock."""
+    tail = read_index(mm, TAIL_OFF)
+    if tail is None or not known <= tail <= head:
+        return known
+    while True:
+        first = first_key(open_)
+        if first is None or open_[first] >= tail:
+            return tail
+        del open_[first]
+
+
 class RingReader:
     """The agent's reader of one application's ring (see the module docstring).
 

@@ -20,12 +20,8 @@ Invariants:
   flag the settled frames past it, under one lock, so no flag is ever written into space
   the tail has already given back. A crash before that resends the record: a duplicate,
   never a loss;
-- a ring drained by another process (``drained_elsewhere``: ``LogProducer(delivery=
-  "agent")``, read by ``logsdk agent`` through :class:`logsdk.shm._reader.RingReader`)
-  is written here and read there: the writer never moves the tail after the ring is
-  made, it follows the tail the reader publishes (:meth:`ShmRing._follow_tail`), and
-  takes it only when it lies between the tail it knew and its own head (the reader is
-  another process: never trusted);
+- a ring ``drained_elsewhere`` (``delivery="agent"``) never has its tail moved here: the
+  writer follows the tail its reader publishes (:func:`logsdk.shm._reader.follow_tail`);
 - one live owner per segment (its ``flock``, :func:`logsdk.shm._segment.take_ownership`);
   a forked child closes its copies of the descriptors that hold it
   (:func:`_leave_segments_to_parent`).
@@ -59,6 +55,7 @@ from logsdk.shm._frames import (
     sync_bytes,
     write_pad,
 )
+from logsdk.shm._reader import first_key, follow_tail
 from logsdk.shm._segment import (
     HEAD_OFF,
     HEADER_SIZE,
@@ -69,7 +66,6 @@ from logsdk.shm._segment import (
     holds_ring,
     map_segment,
     publish_index,
-    read_index,
     reserve,
     take_ownership,
     write_header,
@@ -100,8 +96,7 @@ class ShmRing:
     ) -> None:
         """``found``: what a reading of the segment found (a dead owner's ring)."""
         self.name = name
-        #: Another process (an agent) reads the frames and moves the tail; set by attach.
-        self.drained_elsewhere = False
+        self.drained_elsewhere = False  # an agent reads the frames and moves the tail
         self._shm = shm
         self._mm = mm
         self.capacity = len(mm) - HEADER_SIZE
@@ -151,10 +146,8 @@ class ShmRing:
         *,
         drained_elsewhere: bool = False,
     ) -> ShmRing:
-        """Open or create the segment and take ownership of it.
-
-        ``drained_elsewhere``: another process reads the ring and moves its tail (see the
-        module docstring); the segment must be new (a unique name).
+        """Open or create the segment and take ownership of it (``drained_elsewhere``: see
+        the module docstring).
 
         A segment left by a dead owner is read first: its unsettled records are in
         :attr:`recovered` (and the corrupt regions skipped in :attr:`corrupt`) until
@@ -176,9 +169,6 @@ class ShmRing:
             except BaseException:
                 shm.close_fd()
                 raise
-            if drained_elsewhere and ring.recovered:
-                ring.close(unlink=False)
-                raise ShmError(f"shared memory segment {name} already holds records")
             ring.drained_elsewhere = drained_elsewhere
             return ring
 
@@ -387,13 +377,8 @@ class ShmRing:
     def drain_settled(self) -> None:
         """Let the tail pass the frames of the records settled so far, and flag those it
         cannot pass yet, so a recovering reader skips them (fewer duplicates after a
-        crash). Any thread; the producer's pump calls it after each poll. A ring drained
-        elsewhere: take the tail its reader published (:meth:`_follow_tail`)."""
-        if self.drained_elsewhere:
-            with self._settle_lock:
-                self._follow_tail()
-            return
-        if self._settled:
+        crash). Any thread; the producer's pump calls it after each poll."""
+        if self._settled or self.drained_elsewhere:
             with self._settle_lock:
                 self._drain()
 
@@ -405,28 +390,10 @@ class ShmRing:
             self._drain()
 
     def publish_head(self) -> None:
-        """Publish the head now (the writer: the caller serialises with put), so that a
-        reader in another process may move the tail up to the last frame written
-        (``LogProducer.flush`` with ``delivery="agent"``)."""
+        """Publish the head now (the writer: the caller serialises with put): a reader in
+        another process may then move the tail up to the last frame written."""
         if not self.closed:
             self._publish_head(self._head)
-
-    def _follow_tail(self) -> None:
-        """A ring drained elsewhere: take the tail its reader published, when it lies
-        between the tail known here and the head (anything else is ignored: the reader is
-        another process), and forget the frames behind it. Caller holds _settle_lock."""
-        if self.closed:
-            return
-        tail = read_index(self._mm, TAIL_OFF)
-        if tail is None or not self._tail <= tail <= self._head:
-            return
-        self._tail = tail
-        open_ = self._open
-        while True:
-            first = _first_key(open_)
-            if first is None or open_[first] >= tail:
-                return
-            del open_[first]
 
     def _drain(self) -> None:
         """Take the settled records out of the open set, publish the tail at the oldest
@@ -435,6 +402,10 @@ class ShmRing:
 
         Caller holds _settle_lock: nothing else moves the tail meanwhile, so every frame
         still in _open is at or past the tail and its flag byte is its own."""
+        if self.drained_elsewhere:
+            if not self.closed:
+                self._tail = follow_tail(self._mm, self._tail, self._head, self._open)
+            return
         settled = self._settled
         n = len(settled)
         done: list[int | None] = []
@@ -451,7 +422,7 @@ class ShmRing:
         # The first key of the open set is its oldest frame (found past the entries removed
         # since the dict last compacted: amortised O(1) a settled record). Never past the
         # published head: a reader takes a tail beyond the head for a torn index.
-        first = _first_key(open_)
+        first = first_key(open_)
         tail = self._head_pub if first is None else min(open_[first], self._head_pub)
         if tail > self._tail:
             self._publish_tail(tail)
@@ -466,10 +437,7 @@ class ShmRing:
         tail never passes the published head."""
         self._publish_head(self._head)
         with self._settle_lock:  # a drain between its pop and its flag write ends first
-            if self.drained_elsewhere:
-                self._follow_tail()
-            else:
-                self._drain()
+            self._drain()
 
     def _publish_head(self, head: int) -> None:
         publish_index(self._mm, HEAD_OFF, head)
@@ -497,20 +465,6 @@ class ShmRing:
         }
 
     # -- reading (recovery, inspection) -----------------------------------------------------
-
-
-def _first_key(d: dict[int, int]) -> int | None:
-    """The first key of ``d`` (None if empty), while a writer may insert into it: put()
-    adds a frame under the send lock only, and an insert between ``iter()`` and ``next()``
-    makes ``next()`` raise RuntimeError (a dict that changed size during iteration; it
-    never yields a wrong key). Only inserts race with the drainer (it alone removes, under
-    the settle lock), and an insert never changes the first key of a non-empty dict: look
-    again."""
-    while True:
-        try:
-            return next(iter(d), None)
-        except RuntimeError:
-            continue
 
 
 #: The rings whose segment's ownership lock this process holds (their descriptor does).
