@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from logsdk._cli import bench, produce, spool, tail
+from logsdk._cli import agent, bench, produce, spool, tail
 from logsdk._cli._common import REPEATS, UsageError
 from logsdk._version import __version__
 from logsdk.errors import LogSDKError
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_broker)
     placement_cli.register(sub)
-    for module in (produce, tail, spool, bench):
+    for module in (produce, tail, spool, bench, agent):
         module.register(sub)
     shm_cli.register(sub)
     return parser

@@ -1,0 +1,381 @@
+"""The agent: every ring of a spool root drained to Kafka by one librdkafka client.
+
+One thread (``logsdk-agent``) owns everything that changes: the ring readers, the client
+(its delivery reports run in that thread's ``poll()``), the spools, the sources
+(:mod:`logsdk.agent._source`). A second thread (``logsdk-agent-probe``) only probes Kafka
+while it is down and sets an event when it answers. The main thread starts and stops.
+
+A step of the agent's thread: look for rings that appeared or whose writer died (every
+``scan_interval_s``); poll the client and apply what its reports said; then, with Kafka
+up, replay the spools and produce the rings' new records (a producer whose spool holds
+rows has its new records appended behind them), and with Kafka down, commit the rings'
+new records to the spools. Kafka is down from a delivery that failed for a reason other
+than the record's own, or a report that every broker is down, until a probe answers
+(and at the start, until the first probe, made at once, answers).
+
+Invariants:
+- a record leaves a ring only once Kafka acknowledged it or a spool committed it (the
+  sources hold it: :mod:`logsdk.agent._source`);
+- one agent per spool root (:mod:`logsdk.agent._lock`), taken before anything is read;
+- stop(): no new record is taken; the agent waits for what is in librdkafka, at most its
+  timeout, commits what failed to the spools; what is left stays in the rings (unsettled:
+  read again by the next agent, a duplicate at worst) and in the spools.
+
+Owner: the agent's thread, for every field below the constructor's; ``_stop``, ``_back``
+and ``down`` (published) are shared; ``stats()`` reads published counters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message
+
+from logsdk.agent._lock import AgentLock, agent_dir
+from logsdk.agent._source import Source, check_row
+from logsdk.errors import ConfigError, LogSDKError, ShmError
+from logsdk.producer import _client
+from logsdk.producer._config import ProducerConfig
+from logsdk.producer._records import HEADER_SEQ
+from logsdk.shm._reader import RingReader, ring_names, ring_prefix
+from logsdk.spool._codec import Row, decode_headers
+
+log = logging.getLogger("logsdk.agent")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """What ``logsdk agent`` is run with."""
+
+    spool_root: Path
+    bootstrap_servers: str
+    kafka_config: Mapping[str, str | int | float | bool] = dataclasses.field(default_factory=dict)
+    spool_synchronous: str = "NORMAL"
+    spool_max_bytes: int | None = 1 << 30
+    scan_interval_s: float = 0.5
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 2.0
+    batch: int = 2_000
+    max_inflight: int = 100_000
+
+    def producer_config(self) -> ProducerConfig:
+        """The producer settings the client is made from (validated as a producer's:
+        ``acks`` and idempotence may not be weakened)."""
+        conf = dict(self.kafka_config)
+        conf.setdefault("message.timeout.ms", 30_000)
+        return ProducerConfig(
+            bootstrap_servers=self.bootstrap_servers,
+            topic="logsdk-agent",  # not produced to: a producer's config needs one
+            spool_dir=os.fspath(self.spool_root),
+            kafka_config=conf,
+            buffer_max_records=self.max_inflight + self.batch,
+            probe_timeout_s=self.probe_timeout_s,
+            spool_synchronous=self.spool_synchronous,
+            spool_max_bytes=self.spool_max_bytes,
+        )
+
+
+class Agent:
+    """Drains the rings of one spool root (see the module docstring). ``start()`` takes the
+    lock and starts the threads; ``stop(timeout)`` ends them."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self._pconf = config.producer_config()
+        if config.batch <= 0 or config.max_inflight <= 0:
+            raise ConfigError("batch and max_inflight must be positive")
+        self._root = Path(config.spool_root)
+        self._lock: AgentLock | None = None
+        self._stop = threading.Event()
+        self._back = threading.Event()  # the probe thread: Kafka answers again
+        self._stop_by = 0.0
+        #: Kafka is not known to answer (published): so at the start, until the first probe
+        #: answers, so that nothing waits in librdkafka for a cluster that is not there.
+        self.down = True
+        self._sources: dict[str, Source] = {}
+        self._refused_rings: set[str] = set()
+        self._client: Any = None
+        self._threads: list[threading.Thread] = []
+        #: Published counters (the agent's thread writes them).
+        self.counts = {"acked": 0, "spooled": 0, "replayed": 0, "rejected": 0, "corrupt": 0}
+        self._corrupt_done = 0  # corrupt frames of the sources removed so far
+
+    # -- life ------------------------------------------------------------------------------
+
+    def start(self) -> Agent:
+        """Take the spool root's lock (:class:`~logsdk.errors.AgentLockedError` when another
+        agent holds it) and start the threads."""
+        self._lock = AgentLock.take(self._root)
+        try:
+            _client.check_config(self._pconf.librdkafka())
+        except BaseException:
+            self._lock.release()
+            raise
+        for name, target in (("logsdk-agent", self._run), ("logsdk-agent-probe", self._probe)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info("logsdk agent (pid %d) drains spool root %s", os.getpid(), self._root)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop within ``timeout`` seconds (see the module docstring); True when the
+        agent's thread ended in time."""
+        self._stop_by = time.monotonic() + max(0.0, timeout)
+        self._stop.set()
+        ok = True
+        for t in self._threads:
+            t.join(max(0.0, self._stop_by - time.monotonic()) + 5.0)
+            ok = ok and not t.is_alive()
+        if self._lock is not None and ok:
+            self._lock.release()
+        return ok
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (published): acked, spooled, replayed, rejected, corrupt; sources,
+        down."""
+        out: dict[str, Any] = dict(self.counts)
+        out["sources"] = len(self._sources)
+        out["down"] = self.down
+        return out
+
+    # -- the agent's thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._client = _client.new_producer(self._pconf.librdkafka(), self._on_error)
+        next_scan = 0.0
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_scan:
+                    self._scan()
+                    next_scan = now + self.config.scan_interval_s
+                busy = self._step()
+                self._client.poll(0 if busy else 0.005)
+                self._after_poll()
+            self._finish()
+        except Exception:
+            log.exception("logsdk agent: its thread failed; stopping (rings and spools kept)")
+            self._stop.set()
+        finally:
+            for src in self._sources.values():
+                src.close()
+
+    def _step(self) -> bool:
+        """Move records (see the module docstring); True when it moved any."""
+        if self._back.is_set():
+            self._back.clear()
+            self.down = False
+            log.info("Kafka answers: replaying the spools, then the rings")
+            for src in self._sources.values():
+                src.replay_after = 0
+        moved = 0
+        room = self.config.max_inflight - sum(
+            s.inflight + s.replaying for s in self._sources.values()
+        )
+        for src in list(self._sources.values()):
+            if self.down:
+                moved += self._spool_new(src)
+                continue
+            if src.spooled:
+                moved += self._replay(src, room)
+                moved += self._spool_new(src)
+                continue
+            if room > 0:
+                n = self._produce_new(src, min(room, self.config.batch))
+                room -= n
+                moved += n
+        return moved > 0
+
+    def _take(self, src: Source, limit: int) -> list[tuple[int, Row, Any]]:
+        """Up to ``limit`` new records of the source's ring, checked: refused ones set aside
+        at once (counted corrupt)."""
+        r = src.reader
+        if r is None or limit <= 0:
+            return []
+        out = []
+        got = r.take(limit, alive=not src.writer_dead)
+        if not got:
+            # Nothing new: the writer may have published its head since (its flush()
+            # waits for the tail to reach it).
+            r.advance()
+        for pos, row in got:
+            user = check_row(row)
+            if user is None:
+                r.reject(pos)
+            else:
+                out.append((pos, row, user))
+        return out
+
+    def _spool_new(self, src: Source) -> int:
+        taken = self._take(src, self.config.batch)
+        n = src.keep([(pos, row) for pos, row, _ in taken])
+        self.counts["spooled"] += n
+        return n
+
+    def _produce_new(self, src: Source, limit: int) -> int:
+        taken = self._take(src, limit)
+        produce = self._client.produce
+        pid = src.pid_header
+        for i, (pos, row, user) in enumerate(taken):
+            topic, key, value, _, ts, seq = row
+            headers = [*user, pid, (HEADER_SEQ, b"%d" % seq)]
+
+            def report(
+                err: KafkaError | None, msg: Message, pos: int = pos, row: Row = row
+            ) -> None:
+                src.inflight -= 1
+                if err is None:
+                    src.acked.append(pos)
+                elif _client.is_record_error(err):
+                    src.refused.append((pos, row, err.str()))
+                else:
+                    src.failed.append((pos, row))
+                    self._went_down(err.str())
+
+            try:
+                produce(topic, value, key, headers=headers, timestamp=ts or 0, on_delivery=report)
+            except (BufferError, KafkaException) as exc:
+                rest = [(p, r) for p, r, _ in taken[i:]]
+                if isinstance(exc, KafkaException) and _client.is_record_exception(exc):
+                    src.set_aside([(pos, row, str(exc))])
+                    self.counts["rejected"] += 1
+                    rest = rest[1:]
+                self.counts["spooled"] += src.keep(rest)
+                return len(taken)
+            src.inflight += 1
+        return len(taken)
+
+    def _replay(self, src: Source, room: int) -> int:
+        """Produce the next rows of the source's spool (after ``replay_after``)."""
+        if room <= 0 or src.spool is None:
+            return 0
+        rows = src.spool.read_replay(src.replay_after, min(room, self.config.batch))
+        produce = self._client.produce
+        pid = src.pid_header
+        for row_id, topic, key, value, hblob, ts, seqb in rows:
+            user = decode_headers(hblob) if hblob else []
+            headers = [*user, pid, (HEADER_SEQ, seqb)]
+
+            def report(err: KafkaError | None, msg: Message, row_id: int = row_id) -> None:
+                src.replaying -= 1
+                if err is None or _client.is_record_error(err):
+                    src.replayed.append(row_id)  # a refused row is not retried forever
+                    if err is not None:
+                        log.error("spooled record refused by Kafka, dropped: %s", err.str())
+                else:
+                    self._went_down(err.str())
+
+            try:
+                produce(topic, value, key, headers=headers, timestamp=ts or 0, on_delivery=report)
+            except (BufferError, KafkaException):
+                return 0  # left in the spool: the next step tries again
+            src.replaying += 1
+            src.replay_after = row_id
+        return len(rows)
+
+    def _after_poll(self) -> None:
+        for src in self._sources.values():
+            acked, replayed, spooled, refused = src.after_poll()
+            c = self.counts
+            c["acked"] += acked + replayed
+            c["replayed"] += replayed
+            c["spooled"] += spooled
+            c["rejected"] += refused
+
+    def _went_down(self, why: str) -> None:
+        if not self.down:
+            log.warning("Kafka unreachable (%s): records go to the spool", why)
+        self.down = True
+        self._back.clear()
+
+    def _on_error(self, err: KafkaError) -> None:
+        if _client.is_cluster_down(err):
+            self._went_down(err.str())
+
+    # -- rings appearing and going -----------------------------------------------------------
+
+    def _scan(self) -> None:
+        """Find the rings and spools of the root; note writers that died; remove the
+        sources that are done."""
+        prefix = "/" + ring_prefix(self._root)
+        for name in ring_names(self._root):
+            pid = name[len(prefix) :]
+            if pid in self._sources or name in self._refused_rings:
+                continue
+            try:
+                reader = RingReader(name)
+            except ShmError as exc:
+                if "not initialised" not in str(exc):
+                    self._refused_rings.add(name)
+                    log.error("ring %s not read: %s", name, exc)
+                continue
+            if reader.producer_id != pid:
+                reader.close()
+                self._refused_rings.add(name)
+                log.error("ring %s names producer %s: not read", name, reader.producer_id)
+                continue
+            self._add(pid, reader)
+        adir = agent_dir(self._root)
+        for entry in sorted(adir.iterdir()) if adir.is_dir() else []:
+            if entry.is_dir() and entry.name not in self._sources:
+                self._add(entry.name, None)
+        for pid, src in list(self._sources.items()):
+            if src.reader is not None and not src.writer_dead:
+                src.writer_dead = not src.reader.writer_alive()
+            if src.done():
+                self._corrupt_done += 0 if src.reader is None else src.reader.corrupt
+                src.remove()
+                del self._sources[pid]
+        self.counts["corrupt"] = self._corrupt_done + sum(
+            s.reader.corrupt for s in self._sources.values() if s.reader is not None
+        )
+
+    def _add(self, pid: str, reader: RingReader | None) -> None:
+        src = Source(
+            pid,
+            agent_dir(self._root) / pid,
+            reader,
+            synchronous=self.config.spool_synchronous,
+            max_bytes=self.config.spool_max_bytes,
+        )
+        try:
+            if (src.spool_dir / "spool.db").exists():
+                src.open_spool()
+        except LogSDKError as exc:
+            log.error("spool of producer %s not opened: %s", pid, exc)
+        self._sources[pid] = src
+        log.info("producer %s: %s", pid, "ring found" if reader else "spool found")
+
+    def _finish(self) -> None:
+        """stop(): wait for librdkafka's records until the deadline, applying reports."""
+        client = self._client
+        while time.monotonic() < self._stop_by and any(
+            s.inflight or s.replaying for s in self._sources.values()
+        ):
+            client.poll(0.05)
+            self._after_poll()
+        _client.purge_without_waiting(client)
+        client.poll(0)
+        self._after_poll()
+
+    # -- the probe thread --------------------------------------------------------------------
+
+    def _probe(self) -> None:
+        conf = self._pconf.probe_config()
+        wait = 0.0  # the first probe at once
+        while not self._stop.wait(wait):
+            wait = self.config.probe_interval_s
+            if (
+                self.down
+                and not self._back.is_set()
+                and _client.probe(conf, "", self.config.probe_timeout_s, self._stop)
+            ):
+                self._back.set()

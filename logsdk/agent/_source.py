@@ -1,0 +1,166 @@
+"""One producer as the agent sees it: its ring (while it exists), its spool (while Kafka
+could not take its records), and what of it is in librdkafka.
+
+Invariants:
+- a record read from the ring is settled there only once it is safe: acknowledged by
+  Kafka (the delivery report), committed to this producer's spool, or set aside as
+  refused (the spool's rejected table, or counted corrupt when it is not a record);
+- the spool is ``<spool root>/agent/<producer id>/`` and carries the producer's own id
+  in its ``state.json``: a replayed record carries the id and seq it was written with;
+- while the spool holds rows, the ring's new records are appended behind them (never
+  produced around them), so a key's records keep their order through an outage;
+- a record is checked before it is produced or spooled (:func:`check_row`): a topic
+  Kafka would refuse or a header the SDK owns makes it refused, never sent.
+
+Owner: the agent's thread (``logsdk-agent``), which made the source; nothing else calls
+it. The spool's own ``Owner`` is that thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import struct
+from pathlib import Path
+
+from logsdk.errors import ConfigError
+from logsdk.producer._config import check_topic
+from logsdk.producer._records import HEADER_PRODUCER, KHeaders
+from logsdk.shm._reader import RingReader
+from logsdk.spool._codec import Row, decode_headers
+from logsdk.spool._spool import Spool
+from logsdk.spool._state import write_state
+
+log = logging.getLogger("logsdk.agent")
+
+
+def check_row(row: Row) -> KHeaders | None:
+    """The user headers of ``row`` as librdkafka takes them, or None when the record must
+    not be sent: a topic Kafka refuses, a headers blob that does not decode, a header
+    named like the SDK's own (``logsdk.*``: the ids are the agent's to set)."""
+    try:
+        check_topic(row[0])
+    except ConfigError:
+        return None
+    try:
+        user = decode_headers(row[3]) if row[3] else []
+    except (struct.error, UnicodeDecodeError, ValueError, IndexError):
+        return None
+    if any(name.startswith("logsdk.") for name, _ in user):
+        return None
+    return list(user)
+
+
+class Source:
+    """One producer id: its ring reader, its spool, its records in flight (see the module
+    docstring)."""
+
+    def __init__(
+        self,
+        producer_id: str,
+        spool_dir: Path,
+        reader: RingReader | None,
+        *,
+        synchronous: str,
+        max_bytes: int | None,
+    ) -> None:
+        self.producer_id = producer_id
+        self.spool_dir = spool_dir
+        self.reader = reader
+        self.pid_header = (HEADER_PRODUCER, producer_id.encode())
+        self._synchronous = synchronous
+        self._max_bytes = max_bytes
+        self.spool: Spool | None = None
+        #: Ring records in librdkafka (fresh), and spool rows in librdkafka (replays).
+        self.inflight = 0
+        self.replaying = 0
+        #: The last spool row id produced by the replay under way (0: from the first).
+        self.replay_after = 0
+        #: Filled by delivery reports, emptied after each poll (:meth:`after_poll`).
+        self.acked: list[int] = []
+        self.failed: list[tuple[int, Row]] = []
+        self.refused: list[tuple[int, Row, str]] = []
+        self.replayed: list[int] = []
+        #: The writer was dead at the last look (it never comes back).
+        self.writer_dead = reader is None
+
+    # -- the spool -----------------------------------------------------------------------
+
+    def open_spool(self) -> Spool:
+        """This producer's spool, opened (and made, with its id) at first need."""
+        if self.spool is None:
+            d = self.spool_dir
+            if not d.exists():
+                d.mkdir(mode=0o700, parents=True)
+                write_state(d, {"producer_id": self.producer_id, "seq_reserved": 0})
+            self.spool = Spool(d, synchronous=self._synchronous, max_bytes=self._max_bytes).open()
+        return self.spool
+
+    @property
+    def spooled(self) -> int:
+        """Rows in the spool (0 when none was opened)."""
+        return 0 if self.spool is None else self.spool.count
+
+    def keep(self, taken: list[tuple[int, Row]]) -> int:
+        """Commit ``taken`` (ring records) to the spool, then settle them in the ring."""
+        if not taken:
+            return 0
+        self.open_spool().append([row for _, row in taken])
+        if self.reader is not None:
+            self.reader.settle([pos for pos, _ in taken])
+        return len(taken)
+
+    def set_aside(self, refused: list[tuple[int, Row, str]]) -> None:
+        """Records Kafka (or the agent's checks) refused: into the spool's rejected table,
+        then settled."""
+        if not refused:
+            return
+        self.open_spool().reject([(row, why) for _, row, why in refused])
+        if self.reader is not None:
+            self.reader.settle([pos for pos, _, _ in refused])
+
+    def after_poll(self) -> tuple[int, int, int, int]:
+        """What the delivery reports of the last poll said, applied: failed records
+        committed to the spool then settled, refused ones set aside, acknowledged ones
+        settled, acknowledged replays deleted. Returns (acknowledged, replayed, spooled,
+        refused)."""
+        failed, self.failed = self.failed, []
+        refused, self.refused = self.refused, []
+        acked, self.acked = self.acked, []
+        replayed, self.replayed = self.replayed, []
+        self.keep(failed)
+        self.set_aside(refused)
+        if acked and self.reader is not None:
+            self.reader.settle(acked)
+        if replayed and self.spool is not None:
+            self.spool.delete(replayed)
+        return len(acked), len(replayed), len(failed), len(refused)
+
+    # -- the end -------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """Nothing of this producer is left: its writer is dead, its ring read to the end
+        and settled, its spool empty, nothing in flight."""
+        r = self.reader
+        ring_done = r is None or (self.writer_dead and r.finished and r.open == 0)
+        return ring_done and self.inflight == 0 and self.replaying == 0 and self.spooled == 0
+
+    def remove(self) -> None:
+        """:meth:`done`: unlink the ring, close and remove the spool."""
+        if self.reader is not None:
+            self.reader.unlink()
+            self.reader.close()
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.spool_dir)
+
+    def close(self) -> None:
+        """The agent stops: unmap the ring, close the spool (both stay for the next one)."""
+        if self.reader is not None:
+            self.reader.close()
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
