@@ -330,8 +330,10 @@ class Agent:
         for pid, src in list(self._sources.items()):
             if src.reader is not None and not src.writer_dead:
                 src.writer_dead = not src.reader.writer_alive()
+            corrupt = 0 if src.reader is None else src.reader.corrupt
+            if src.let_ring_go():
+                self._corrupt_done += corrupt
             if src.done():
-                self._corrupt_done += 0 if src.reader is None else src.reader.corrupt
                 src.remove()
                 del self._sources[pid]
         self.counts["corrupt"] = self._corrupt_done + sum(

@@ -139,18 +139,26 @@ class Source:
 
     # -- the end -------------------------------------------------------------------------
 
-    def done(self) -> bool:
-        """Nothing of this producer is left: its writer is dead, its ring read to the end
-        and settled, its spool empty, nothing in flight."""
+    def let_ring_go(self) -> bool:
+        """Unlink the ring once its writer is dead and every record in it is safe (read to
+        the end, settled, none in librdkafka); True when it did. The spool may still hold
+        rows: they are the agent's now."""
         r = self.reader
-        ring_done = r is None or (self.writer_dead and r.finished and r.open == 0)
-        return ring_done and self.inflight == 0 and self.replaying == 0 and self.spooled == 0
+        if r is None or not (self.writer_dead and r.finished and r.open == 0):
+            return False
+        if self.inflight:
+            return False
+        r.unlink()
+        r.close()
+        self.reader = None
+        return True
+
+    def done(self) -> bool:
+        """Nothing of this producer is left: no ring, its spool empty, nothing in flight."""
+        return self.reader is None and self.replaying == 0 and self.spooled == 0
 
     def remove(self) -> None:
-        """:meth:`done`: unlink the ring, close and remove the spool."""
-        if self.reader is not None:
-            self.reader.unlink()
-            self.reader.close()
+        """:meth:`done`: close and remove the spool."""
         if self.spool is not None:
             self.spool.close()
             self.spool = None

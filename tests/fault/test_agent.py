@@ -1,0 +1,180 @@
+"""``logsdk agent`` under real faults, on the embedded broker: the application SIGKILLed,
+the agent SIGKILLed and restarted, Kafka down for the whole run then back. Each test
+counts every record in Kafka by (producer id, seq): none missing, duplicates only of the
+same (producer id, seq)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from logsdk.agent._lock import agent_dir
+from logsdk.shm._reader import ring_names
+from logsdk.spool._slots import spooled_records
+from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
+from logsdk.testing.pytest_plugin import KafkaTarget
+from tests.conftest import reap, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
+
+BrokerFactory = Callable[..., EmbeddedBroker]
+N = 20_000
+
+#: The application: N records through delivery="agent", keyed; prints its producer id,
+#: "quarter" a quarter of the way, then "sent", then (argv[4] == "close") flushes and
+#: closes, saying how many records were "left", or waits to be killed.
+_APP = textwrap.dedent(
+    """
+    import sys, time
+    from logsdk import LogProducer
+    bootstrap, topic, root, mode, n = sys.argv[1:6]
+    p = LogProducer(bootstrap, topic, root, delivery="agent", max_block_s=30)
+    print(p.producer_id, flush=True)
+    for i in range(int(n)):
+        p.send(b"%d" % i, key=b"%d" % (i % 16))
+        if i % 1000 == 999:
+            time.sleep(0.05)
+        if i == int(n) // 4:
+            print("quarter", flush=True)
+    print("sent", flush=True)
+    if mode == "close":
+        left = p.flush(60)
+        p.close(0)
+        print("left", left, flush=True)
+    else:
+        time.sleep(600)
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path.cwd()), env.get("PYTHONPATH")]))
+    return env
+
+
+@contextlib.contextmanager
+def _agent(root: Path, bootstrap: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "logsdk.cli", "agent", "--spool-root", str(root), "-b", bootstrap],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        assert "draining" in proc.stdout.readline()
+        yield proc
+    finally:
+        reap(proc)
+
+
+@contextlib.contextmanager
+def _app(root: Path, bootstrap: str, topic: str, mode: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _APP, bootstrap, topic, str(root), mode, str(N)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        yield proc
+    finally:
+        reap(proc)
+
+
+def _line(app: subprocess.Popen[str], first: str) -> list[str]:
+    """The next line of the application's that starts with ``first``, split."""
+    assert app.stdout is not None
+    while True:
+        line = app.stdout.readline()
+        assert line, f"the application ended before saying {first!r}"
+        if line.startswith(first):
+            return line.split()
+
+
+def _all_in_kafka(bootstrap: str, topic: str, pid: str, timeout: float = 60) -> int:
+    """Wait until every seq of ``pid`` is in ``topic``; the duplicates counted."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rep = check_delivery(read_topic(bootstrap, topic, timeout=30))
+        missing = rep.missing(pid, range(N))
+        if not missing:
+            assert rep.unique == N
+            return rep.duplicates
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(missing)} record(s) missing, first {missing[:10]}")
+        time.sleep(0.5)
+
+
+def test_the_application_sigkilled_loses_nothing(kafka_broker: KafkaTarget, tmp_path: Path) -> None:
+    """The application writes N records into its ring and is SIGKILLed before any agent
+    ran; an agent started then delivers all N and removes the dead ring."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-app-killed", 3)
+    with _app(tmp_path, bootstrap, topic, "wait") as app:
+        assert app.stdout is not None
+        pid = app.stdout.readline().strip()
+        _line(app, "sent")
+        app.kill()
+        app.wait(10)
+    assert len(ring_names(tmp_path)) == 1
+    with _agent(tmp_path, bootstrap):
+        dups = _all_in_kafka(bootstrap, topic, pid)
+        wait_until(lambda: ring_names(tmp_path) == [], 10, "the dead ring removed")
+    assert dups == 0
+
+
+def test_the_agent_sigkilled_mid_stream_and_restarted_loses_nothing(
+    kafka_broker: KafkaTarget, tmp_path: Path
+) -> None:
+    """The agent is SIGKILLed while the application sends, and restarted: every record
+    reaches Kafka; duplicates carry the same producer id and seq; the application's
+    flush() returns 0."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-killed", 3)
+    with _app(tmp_path, bootstrap, topic, "close") as app:
+        assert app.stdout is not None
+        pid = app.stdout.readline().strip()
+        with _agent(tmp_path, bootstrap) as agent:
+            _line(app, "quarter")
+            agent.kill()
+            agent.wait(10)
+        at_kill = check_delivery(read_topic(bootstrap, topic, timeout=30)).unique
+        assert at_kill < N, "the agent was killed after it delivered everything"
+        with _agent(tmp_path, bootstrap):
+            _line(app, "sent")
+            assert _line(app, "left") == ["left", "0"]
+            _all_in_kafka(bootstrap, topic, pid)
+
+
+def test_kafka_down_for_the_whole_run_then_back(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """Kafka unreachable from the agent's start: the ring's records go to the agent's
+    spool (the application's flush() returns 0: they are safe there), and are replayed,
+    all N, once Kafka is back."""
+    broker = broker_factory(proxy=True)
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-kafka-down", 3)
+    broker.cut()
+    with _agent(tmp_path, bootstrap), _app(tmp_path, bootstrap, topic, "close") as app:
+        assert app.stdout is not None
+        pid = app.stdout.readline().strip()
+        _line(app, "sent")
+        assert _line(app, "left") == ["left", "0"]
+        spool = agent_dir(tmp_path) / pid
+        assert spooled_records(spool) == N
+        broker.heal()
+        assert _all_in_kafka(bootstrap, topic, pid) == 0
+        wait_until(lambda: not spool.exists(), 10, "the spool emptied and removed")

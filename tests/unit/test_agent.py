@@ -1,0 +1,140 @@
+"""The agent's parts without a broker: one agent per spool root, the checks a ring's
+record must pass, and the spooling of rings' records while Kafka does not answer."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from logsdk import LogProducer
+from logsdk.agent._agent import Agent, AgentConfig
+from logsdk.agent._lock import AgentLock, agent_dir, agent_running
+from logsdk.agent._source import check_row
+from logsdk.cli import main
+from logsdk.errors import AgentLockedError
+from logsdk.shm import ShmRing
+from logsdk.shm._reader import ring_name, ring_names
+from logsdk.spool._codec import encode_headers
+from logsdk.spool._slots import spooled_records
+from tests.conftest import wait_until
+
+# Nothing listens here: the agent's probes fail, so Kafka stays down.
+NOWHERE = "127.0.0.1:1"
+
+
+def agent(root: Path) -> Agent:
+    return Agent(AgentConfig(spool_root=root, bootstrap_servers=NOWHERE, probe_timeout_s=0.3))
+
+
+def test_a_second_agent_on_a_spool_root_says_who_holds_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lock names the holder's pid; the command exits 1 with that message."""
+    assert not agent_running(tmp_path)
+    lock = AgentLock.take(tmp_path)
+    try:
+        assert agent_running(tmp_path)
+        with pytest.raises(AgentLockedError, match=r"another logsdk agent \(pid \d+\)"):
+            AgentLock.take(tmp_path)
+        code = main(["agent", "--spool-root", str(tmp_path), "-b", NOWHERE])
+        assert code == 1
+        assert "another logsdk agent (pid" in capsys.readouterr().err
+    finally:
+        lock.release()
+    assert not agent_running(tmp_path)
+
+
+def test_a_record_is_checked_before_it_is_sent() -> None:
+    """A topic Kafka refuses, an SDK header, a headers blob that does not decode: refused."""
+    good = ("logs", b"k", b"v", encode_headers([("h", b"1")]), 1, 0)
+    assert check_row(good) == [("h", b"1")]
+    assert check_row(("bad topic!", None, b"v", None, 1, 0)) is None
+    assert check_row(("logs", None, b"v", encode_headers([("logsdk.seq", b"9")]), 1, 0)) is None
+    assert check_row(("logs", None, b"v", b"\x00\x05ab", 1, 0)) is None
+
+
+def test_while_kafka_does_not_answer_the_rings_records_go_to_the_producers_spool(
+    tmp_path: Path,
+) -> None:
+    """Kafka down: each record is committed to the spool of its producer id (that id in
+    its state.json), the ring's tail moves (the application's flush() returns 0), and a
+    record with a topic Kafka would refuse is counted corrupt, not spooled."""
+    p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
+    a = agent(tmp_path).start()
+    try:
+        for i in range(500):
+            p.send(b"%d" % i, key=b"k")
+        assert p.flush(10) == 0
+        spool = agent_dir(tmp_path) / p.producer_id
+        assert spooled_records(spool) == 500
+        state = json.loads((spool / "state.json").read_text())
+        assert state["producer_id"] == p.producer_id
+        # A foreign writer's frame naming a topic Kafka refuses.
+        name = ring_name(tmp_path, "f" * 32)
+        bad = ShmRing.attach(name, 64 * 1024, "f" * 32, tmp_path, drained_elsewhere=True)
+        try:
+            bad.put(("not a topic!", None, b"x", None, 1, 0))
+            bad.put(("logs", None, b"y", None, 1, 1))
+            bad.publish_head()
+            wait_until(lambda: a.stats()["corrupt"] == 1, 10, "the bad frame counted")
+            wait_until(
+                lambda: spooled_records(agent_dir(tmp_path) / ("f" * 32)) == 1,
+                10,
+                "the good frame spooled",
+            )
+            wait_until(lambda: bad.pending == 0, 10, "both frames settled")
+        finally:
+            bad.close(unlink=True)
+        assert a.stats()["spooled"] == 501
+    finally:
+        p.close(1)
+        assert a.stop(5)
+
+
+def test_a_dead_writers_ring_is_removed_once_its_records_are_spooled(tmp_path: Path) -> None:
+    """The application gone (its ring closed with records left): the agent spools them and
+    unlinks the ring; the spool keeps them for Kafka."""
+    p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
+    for i in range(50):
+        p.send(b"%d" % i)
+    p.close(0)
+    pid = p.producer_id
+    assert len(ring_names(tmp_path)) == 1
+    a = agent(tmp_path).start()
+    try:
+        wait_until(lambda: ring_names(tmp_path) == [], 10, "the dead ring removed")
+        assert spooled_records(agent_dir(tmp_path) / pid) == 50
+    finally:
+        assert a.stop(5)
+
+
+def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
+    """`logsdk agent` in the foreground: SIGTERM ends it with status 0 and frees the lock."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "logsdk.cli", "agent", "--spool-root", str(tmp_path), "-b", NOWHERE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "draining" in proc.stdout.readline()
+        assert agent_running(tmp_path)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert time.monotonic() - start < 10
+        assert not agent_running(tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
