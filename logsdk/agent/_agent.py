@@ -38,6 +38,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from logsdk._owner import Owner
 from logsdk.agent._lock import AgentLock, agent_dir
 from logsdk.agent._source import Source, check_row
 from logsdk.errors import ConfigError, LogSDKError, ShmError
@@ -99,6 +100,8 @@ class Agent:
         #: Kafka is not known to answer (published): so at the start, until the first probe
         #: answers, so that nothing waits in librdkafka for a cluster that is not there.
         self.down = True
+        #: The agent's thread's, from start() on (checked in each step).
+        self.owner = Owner(f"the agent of {self._root}")
         self._sources: dict[str, Source] = {}
         self._refused_rings: set[str] = set()
         self._client: Any = None
@@ -120,8 +123,10 @@ class Agent:
             raise
         for name, target in (("logsdk-agent", self._run), ("logsdk-agent-probe", self._probe)):
             t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
             self._threads.append(t)
+        self.owner.hand_to(self._threads[0])
+        for t in self._threads:
+            t.start()
         log.info("logsdk agent (pid %d) drains spool root %s", os.getpid(), self._root)
         return self
 
@@ -170,6 +175,7 @@ class Agent:
 
     def _step(self) -> bool:
         """Move records (see the module docstring); True when it moved any."""
+        self.owner.check("move records")
         if self._back.is_set():
             self._back.clear()
             self.down = False
@@ -266,10 +272,10 @@ class Agent:
 
             def report(err: KafkaError | None, msg: Message, row_id: int = row_id) -> None:
                 src.replaying -= 1
-                if err is None or _client.is_record_error(err):
-                    src.replayed.append(row_id)  # a refused row is not retried forever
-                    if err is not None:
-                        log.error("spooled record refused by Kafka, dropped: %s", err.str())
+                if err is None:
+                    src.replayed.append(row_id)
+                elif _client.is_record_error(err):
+                    src.replay_refused.append((row_id, err.str()))
                 else:
                     self._went_down(err.str())
 
@@ -305,6 +311,7 @@ class Agent:
     def _scan(self) -> None:
         """Find the rings and spools of the root; note writers that died; remove the
         sources that are done."""
+        self.owner.check("look at the rings")
         prefix = "/" + ring_prefix(self._root)
         for name in ring_names(self._root):
             pid = name[len(prefix) :]

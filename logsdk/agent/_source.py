@@ -24,6 +24,7 @@ import shutil
 import struct
 from pathlib import Path
 
+from logsdk._owner import Owner
 from logsdk.errors import ConfigError
 from logsdk.producer._config import check_topic
 from logsdk.producer._records import HEADER_PRODUCER, KHeaders
@@ -66,6 +67,7 @@ class Source:
         max_bytes: int | None,
     ) -> None:
         self.producer_id = producer_id
+        self.owner = Owner(f"the agent's source {producer_id}")
         self.spool_dir = spool_dir
         self.reader = reader
         self.pid_header = (HEADER_PRODUCER, producer_id.encode())
@@ -82,6 +84,7 @@ class Source:
         self.failed: list[tuple[int, Row]] = []
         self.refused: list[tuple[int, Row, str]] = []
         self.replayed: list[int] = []
+        self.replay_refused: list[tuple[int, str]] = []
         #: The writer was dead at the last look (it never comes back).
         self.writer_dead = reader is None
 
@@ -104,6 +107,7 @@ class Source:
 
     def keep(self, taken: list[tuple[int, Row]]) -> int:
         """Commit ``taken`` (ring records) to the spool, then settle them in the ring."""
+        self.owner.check("spool a ring's records")
         if not taken:
             return 0
         self.open_spool().append([row for _, row in taken])
@@ -125,17 +129,22 @@ class Source:
         committed to the spool then settled, refused ones set aside, acknowledged ones
         settled, acknowledged replays deleted. Returns (acknowledged, replayed, spooled,
         refused)."""
+        self.owner.check("apply delivery reports")
         failed, self.failed = self.failed, []
         refused, self.refused = self.refused, []
         acked, self.acked = self.acked, []
         replayed, self.replayed = self.replayed, []
+        gone, self.replay_refused = self.replay_refused, []
         self.keep(failed)
         self.set_aside(refused)
         if acked and self.reader is not None:
             self.reader.settle(acked)
-        if replayed and self.spool is not None:
-            self.spool.delete(replayed)
-        return len(acked), len(replayed), len(failed), len(refused)
+        if self.spool is not None:
+            if replayed:
+                self.spool.delete(replayed)
+            if gone:  # a spooled record Kafka refused: set aside, not retried for ever
+                self.spool.move_to_rejected(gone)
+        return len(acked), len(replayed), len(failed), len(refused) + len(gone)
 
     # -- the end -------------------------------------------------------------------------
 

@@ -104,13 +104,15 @@ def _line(app: subprocess.Popen[str], first: str) -> list[str]:
 
 
 def _all_in_kafka(bootstrap: str, topic: str, pid: str, timeout: float = 60) -> int:
-    """Wait until every seq of ``pid`` is in ``topic``; the duplicates counted."""
+    """Wait until every seq of ``pid`` is in ``topic``, in order per partition (the first
+    occurrences); the duplicates counted."""
     deadline = time.monotonic() + timeout
     while True:
         rep = check_delivery(read_topic(bootstrap, topic, timeout=30))
         missing = rep.missing(pid, range(N))
         if not missing:
             assert rep.unique == N
+            assert rep.order_violations == 0, rep.order_violators[:10]
             return rep.duplicates
         if time.monotonic() > deadline:
             raise AssertionError(f"{len(missing)} record(s) missing, first {missing[:10]}")
@@ -133,6 +135,28 @@ def test_the_application_sigkilled_loses_nothing(kafka_broker: KafkaTarget, tmp_
         dups = _all_in_kafka(bootstrap, topic, pid)
         wait_until(lambda: ring_names(tmp_path) == [], 10, "the dead ring removed")
     assert dups == 0
+
+
+def test_the_application_sigkilled_while_the_agent_drains_it(
+    kafka_broker: KafkaTarget, tmp_path: Path
+) -> None:
+    """The application is SIGKILLed a quarter of the way through its sends, under a
+    running agent: what it wrote reaches Kafka as a gapless run of seqs from 0 (past the
+    quarter it reported), and the dead ring is removed."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-app-killed-live", 3)
+    with _agent(tmp_path, bootstrap), _app(tmp_path, bootstrap, topic, "wait") as app:
+        assert app.stdout is not None
+        pid = app.stdout.readline().strip()
+        _line(app, "quarter")
+        app.kill()
+        app.wait(10)
+        wait_until(lambda: ring_names(tmp_path) == [], 30, "the dead ring removed")
+        rep = check_delivery(read_topic(bootstrap, topic, timeout=30))
+        seqs = sorted(rep.seqs.get(pid, set()))
+        assert rep.order_violations == 0
+        assert len(seqs) > N // 4
+        assert seqs == list(range(len(seqs)))
 
 
 def test_the_agent_sigkilled_mid_stream_and_restarted_loses_nothing(

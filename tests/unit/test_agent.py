@@ -4,6 +4,7 @@ record must pass, and the spooling of rings' records while Kafka does not answer
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -138,3 +139,27 @@ def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def test_a_ring_of_another_logsdk_version_is_left_alone_and_the_others_are_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ring whose layout version is not this agent's: an error naming it, nothing read
+    from it, and the other rings of the root still drained."""
+    caplog.set_level(logging.ERROR, "logsdk.agent")
+    name = ring_name(tmp_path, "e" * 32)
+    old = ShmRing.attach(name, 64 * 1024, "e" * 32, tmp_path, drained_elsewhere=True)
+    old.put(("logs", None, b"x", None, 1, 0))
+    old._mm[8:12] = (99).to_bytes(4, "little")  # the layout version
+    p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
+    a = agent(tmp_path).start()
+    try:
+        p.send(b"fine")
+        assert p.flush(10) == 0
+        wait_until(lambda: "another logsdk" in caplog.text, 10, "the refusal logged")
+        assert not (agent_dir(tmp_path) / ("e" * 32)).exists()
+        assert old.pending == 1
+    finally:
+        p.close(1)
+        assert a.stop(5)
+        old.close(unlink=True)

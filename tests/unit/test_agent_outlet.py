@@ -177,3 +177,32 @@ def test_the_logging_handler_passes_delivery_through(tmp_path: Path) -> None:
             r = RingReader(name)
             r.close()
             r.unlink()
+
+
+def test_the_structlog_and_loguru_adapters_pass_delivery_through(tmp_path: Path) -> None:
+    """KafkaProcessor and KafkaSink own an agent-mode producer when given delivery="agent"."""
+    from logsdk.integrations.loguru import KafkaSink
+    from logsdk.integrations.structlog import KafkaProcessor
+
+    kw = {"bootstrap_servers": NOWHERE, "spool_dir": tmp_path, "delivery": "agent"}
+    proc = KafkaProcessor(topic="a", close_timeout=0.1, **kw)
+    sink = KafkaSink(topic="b", close_timeout=0.1, **kw)
+    try:
+        assert proc.producer.config.delivery == "agent"
+        assert sink.producer.config.delivery == "agent"
+        proc.send({"event": "hi", "logger": "app"})
+        topics = set()
+        for name in ring_names(tmp_path):
+            r = RingReader(name)
+            try:
+                topics |= {row[0] for _, row in take_all(r)}
+            finally:
+                r.close()
+        assert topics == {"a"}
+    finally:
+        proc.close()
+        sink.stop()
+        for name in ring_names(tmp_path):
+            r = RingReader(name)
+            r.close()
+            r.unlink()
