@@ -54,6 +54,13 @@ def register(sub: Subparsers) -> None:
         help="librdkafka property (repeatable); acks and idempotence are the agent's",
     )
     p.add_argument("--stop-timeout", type=seconds, default=10.0, help="seconds (default 10)")
+    p.add_argument(
+        "--replay-max-rate",
+        type=float,
+        default=200_000.0,
+        metavar="RECORDS_PER_S",
+        help="spooled records replayed per second at most (default 200000)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log what the agent does")
     p.set_defaults(func=_cmd_agent)
 
@@ -66,6 +73,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
             spool_root=args.spool_root,
             bootstrap_servers=args.bootstrap,
             kafka_config=kafka_config(args),
+            replay_max_rate=args.replay_max_rate,
         )
     )
     stop = threading.Event()

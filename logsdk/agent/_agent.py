@@ -65,6 +65,8 @@ class AgentConfig:
     probe_timeout_s: float = 2.0
     batch: int = 2_000
     max_inflight: int = 100_000
+    #: Spooled records replayed per second at most (None: no limit).
+    replay_max_rate: float | None = 200_000.0
 
     def producer_config(self) -> ProducerConfig:
         """The producer settings the client is made from (validated as a producer's:
@@ -92,6 +94,10 @@ class Agent:
         self._pconf = config.producer_config()
         if config.batch <= 0 or config.max_inflight <= 0:
             raise ConfigError("batch and max_inflight must be positive")
+        if config.replay_max_rate is not None and not config.replay_max_rate > 0:
+            raise ConfigError(f"replay_max_rate must be > 0 or None, got {config.replay_max_rate}")
+        self._tokens = 0.0  # replays allowed now (replay_max_rate's bucket)
+        self._tokens_at = time.monotonic()
         self._root = Path(config.spool_root)
         self._lock: AgentLock | None = None
         self._stop = threading.Event()
@@ -259,11 +265,24 @@ class Agent:
             src.inflight += 1
         return len(taken)
 
+    def _replay_room(self, room: int) -> int:
+        """``room`` cut to what ``replay_max_rate`` allows now (a bucket of a batch)."""
+        rate = self.config.replay_max_rate
+        if rate is None:
+            return room
+        now = time.monotonic()
+        cap = float(min(self.config.batch, rate))
+        self._tokens = min(cap, self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        return min(room, int(self._tokens))
+
     def _replay(self, src: Source, room: int) -> int:
-        """Produce the next rows of the source's spool (after ``replay_after``)."""
+        """Produce the next rows of the source's spool (after ``replay_after``), paced."""
+        room = self._replay_room(room)
         if room <= 0 or src.spool is None:
             return 0
         rows = src.spool.read_replay(src.replay_after, min(room, self.config.batch))
+        self._tokens -= len(rows)
         produce = self._client.produce
         pid = src.pid_header
         for row_id, topic, key, value, hblob, ts, seqb in rows:

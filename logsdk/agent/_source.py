@@ -36,16 +36,26 @@ from logsdk.spool._state import write_state
 log = logging.getLogger("logsdk.agent")
 
 
+#: Topics found valid (a set, bounded: names made up per record are checked each time).
+_TOPICS_OK: set[str] = set()
+
+
 def check_row(row: Row) -> KHeaders | None:
     """The user headers of ``row`` as librdkafka takes them, or None when the record must
     not be sent: a topic Kafka refuses, a headers blob that does not decode, a header
     named like the SDK's own (``logsdk.*``: the ids are the agent's to set)."""
+    topic = row[0]
+    if topic not in _TOPICS_OK:
+        try:
+            check_topic(topic)
+        except ConfigError:
+            return None
+        if len(_TOPICS_OK) < 10_000:
+            _TOPICS_OK.add(topic)
+    if not row[3]:
+        return []
     try:
-        check_topic(row[0])
-    except ConfigError:
-        return None
-    try:
-        user = decode_headers(row[3]) if row[3] else []
+        user = decode_headers(row[3])
     except (struct.error, UnicodeDecodeError, ValueError, IndexError):
         return None
     if any(name.startswith("logsdk.") for name, _ in user):

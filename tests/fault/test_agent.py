@@ -1,5 +1,6 @@
-"""``logsdk agent`` under real faults, on the embedded broker: the application SIGKILLed,
-the agent SIGKILLed and restarted, Kafka down for the whole run then back. Each test
+"""``logsdk agent`` under real faults, on the embedded broker: the application SIGKILLed
+(before any agent ran, and under one), the agent SIGKILLed mid-stream and mid-replay then
+restarted, both killed, Kafka down for the whole run then back. Each test
 counts every record in Kafka by (producer id, seq): none missing, duplicates only of the
 same (producer id, seq)."""
 
@@ -62,9 +63,10 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _agent(root: Path, bootstrap: str) -> Iterator[subprocess.Popen[str]]:
+def _agent(root: Path, bootstrap: str, *extra: str) -> Iterator[subprocess.Popen[str]]:
+    cmd = [sys.executable, "-m", "logsdk.cli", "agent", "--spool-root", str(root), "-b", bootstrap]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "logsdk.cli", "agent", "--spool-root", str(root), "-b", bootstrap],
+        [*cmd, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -202,3 +204,53 @@ def test_kafka_down_for_the_whole_run_then_back(
         broker.heal()
         assert _all_in_kafka(bootstrap, topic, pid) == 0
         wait_until(lambda: not spool.exists(), 10, "the spool emptied and removed")
+
+
+def test_the_agent_sigkilled_mid_replay_and_restarted_loses_nothing(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """Kafka cut while the application writes: the agent spools everything; Kafka back, the
+    agent replays (paced at 4,000 records/s) and is SIGKILLed with rows still in its spool;
+    the next agent replays the rest: every record in Kafka, in order per partition."""
+    broker = broker_factory(proxy=True)
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-killed-replaying", 3)
+    broker.cut()
+    with _app(tmp_path, bootstrap, topic, "close") as app:
+        with _agent(tmp_path, bootstrap, "--replay-max-rate", "4000") as agent:
+            pid = _line(app, "")[0]
+            assert _line(app, "left") == ["left", "0"]
+            spool = agent_dir(tmp_path) / pid
+            assert spooled_records(spool) == N
+            broker.heal()
+            wait_until(lambda: spooled_records(spool) < N, 30, "the replay under way", 0.02)
+            agent.kill()
+            agent.wait(10)
+        left = spooled_records(spool)
+        assert 0 < left < N, "the agent was not killed mid-replay"
+        with _agent(tmp_path, bootstrap):
+            _all_in_kafka(bootstrap, topic, pid)
+            wait_until(lambda: not spool.exists(), 10, "the spool emptied and removed")
+
+
+def test_the_application_and_the_agent_both_sigkilled(
+    kafka_broker: KafkaTarget, tmp_path: Path
+) -> None:
+    """Both killed a quarter of the way through the sends; a new agent delivers what the
+    application wrote: a gapless run of seqs from 0, past the quarter it reported."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-both-killed", 3)
+    with _app(tmp_path, bootstrap, topic, "wait") as app, _agent(tmp_path, bootstrap) as agent:
+        pid = _line(app, "")[0]
+        _line(app, "quarter")
+        app.kill()
+        agent.kill()
+        app.wait(10)
+        agent.wait(10)
+    with _agent(tmp_path, bootstrap):
+        wait_until(lambda: ring_names(tmp_path) == [], 30, "the dead ring removed")
+        rep = check_delivery(read_topic(bootstrap, topic, timeout=30))
+    seqs = sorted(rep.seqs.get(pid, set()))
+    assert len(seqs) > N // 4
+    assert seqs == list(range(len(seqs)))
+    assert rep.order_violations == 0
