@@ -12,6 +12,12 @@ pipeline (application + ``logsdk agent``) pays, against baselines measured in th
   against a direct-mode ``LogProducer`` in one process doing the same (send, flush).
   Ratio = agent pipeline / direct (lower is better). params: seconds until flushed.
 - agent.app_cpu_us_per_record (information): the application process alone in that run.
+- agent.handler_cpu_us_per_call: CPU of the calling thread (``time.thread_time``) per
+  ``logging`` call through ``KafkaHandler(delivery="agent")``, against ``SysLogHandler``
+  over UDP to a local socket with python-json-logger's ``JsonFormatter`` making the same
+  JSON document (the rsyslog benchmark's ``syslog-json`` application side), no agent and
+  no rsyslogd: the application's side only. Ratio = KafkaHandler / SysLogHandler (goal
+  <= 1.0, the issue's).
 
 Median of ``--rounds`` alternating rounds, 200-byte values with a key. Starts its own
 embedded broker and, for the pipeline, one ``logsdk agent`` per round (a child process).
@@ -25,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +64,57 @@ def _cleanup(root: str) -> None:
         r = RingReader(name)
         r.close()
         r.unlink()
+
+
+def handler_cpu(n: int) -> tuple[float, float]:
+    """(KafkaHandler agent mode, SysLogHandler JSON) calling thread's CPU us per call."""
+    from logging.handlers import SysLogHandler
+
+    from pythonjsonlogger.json import JsonFormatter
+
+    from logsdk.integrations.logging import KafkaHandler
+
+    rec = logging.LogRecord(
+        "app", logging.INFO, __file__, 1, "user %s logged in from %s", ("al", "10.0.0.1"), None
+    )
+
+    def per_call(h: logging.Handler) -> float:
+        t0 = time.thread_time()
+        for _ in range(n):
+            h.handle(rec)
+        return (time.thread_time() - t0) * 1e6 / n
+
+    with tempfile.TemporaryDirectory() as d:
+        kh = KafkaHandler(
+            bootstrap_servers="127.0.0.1:1",
+            topic="logs",
+            spool_dir=d,
+            delivery="agent",
+            shm_bytes=512 << 20,
+            close_timeout=0,
+            flush_timeout=0,
+        )
+        try:
+            kafka = per_call(kh)
+        finally:
+            kh.close()
+            _cleanup(d)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+        sink.bind(("127.0.0.1", 0))
+        sh = SysLogHandler(address=sink.getsockname())
+        sh.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s %(process)d %(threadName)s",
+                rename_fields={"asctime": "timestamp", "levelname": "level", "name": "logger",
+                               "process": "pid", "threadName": "thread"},
+                static_fields={"host": socket.gethostname()},
+            )
+        )  # fmt: skip
+        try:
+            syslog = per_call(sh)
+        finally:
+            sh.close()
+    return kafka, syslog
 
 
 def ring_rate(n: int) -> float:
@@ -183,10 +241,14 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.ERROR)
     n, rounds = args.records, args.rounds
     ring, raw, pipe, app, direct_cpu, took_pipe, took_direct = [], [], [], [], [], [], []
+    kh, sh = [], []
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers
         for r in range(rounds):
             topic = create_topic(bootstrap, f"agent-bench-{r}", 4)
+            k, s = handler_cpu(min(n, 50_000))
+            kh.append(k)
+            sh.append(s)
             ring.append(ring_rate(n))
             raw.append(raw_rate(bootstrap, topic, n))
             cpu, app_cpu, took = pipeline(bootstrap, topic, n)
@@ -223,6 +285,16 @@ def main(argv: list[str]) -> int:
                 "flushed_s_agent": round(med(took_pipe), 2),
                 "flushed_s_direct": round(med(took_direct), 2),
             },
+        },
+        {
+            "name": "agent.handler_cpu_us_per_call",
+            "unit": "us/call",
+            "value": round(med(kh), 2),
+            "baseline": "SysLogHandler over UDP with python-json-logger's JsonFormatter",
+            "baseline_value": round(med(sh), 2),
+            "ratio": round(med(kh) / med(sh), 3),
+            "goal": 1.0,
+            "params": {**params, "records": min(n, 50_000)},
         },
         {
             "name": "agent.app_cpu_us_per_record",
