@@ -6,6 +6,9 @@ process of the application, read from the environment.
     LOGSDK_SPOOL_DIR   one spool dir for the whole application (default: /tmp/logsdk-app);
                        each process takes a slot of its own under it
     LOGSDK_BUFFER      memory (default) or shm
+    LOGSDK_DELIVERY    direct (default), or agent: each process only writes its records
+                       into shared memory, and ``logsdk agent --spool-root
+                       $LOGSDK_SPOOL_DIR`` ships them (docs/agent.md)
 
 Imported by the application module, so it runs in whichever process imports the app:
 the gunicorn master with ``--preload`` (the workers inherit the handler through fork and
@@ -31,6 +34,7 @@ def configure() -> None:
                     "topic": os.environ.get("LOGSDK_TOPIC", "app-logs"),
                     "spool_dir": os.environ.get("LOGSDK_SPOOL_DIR", "/tmp/logsdk-app"),
                     "buffer": os.environ.get("LOGSDK_BUFFER", "memory"),
+                    "delivery": os.environ.get("LOGSDK_DELIVERY", "direct"),
                     "close_timeout": 5.0,  # what process exit spends delivering
                 },
                 # logsdk's own warnings (an outage, records kept in the spool at exit):

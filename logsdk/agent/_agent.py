@@ -113,7 +113,11 @@ class Agent:
         self._client: Any = None
         self._threads: list[threading.Thread] = []
         #: Published counters (the agent's thread writes them).
-        self.counts = {"acked": 0, "spooled": 0, "replayed": 0, "rejected": 0, "corrupt": 0}
+        self.counts = {
+            "acked": 0, "spooled": 0, "replayed": 0, "rejected": 0, "corrupt": 0,
+            "spool_errors": 0, "errors": 0,
+        }  # fmt: skip
+        self._said_at = 0.0  # the next spool error is logged from then on
         self._corrupt_done = 0  # corrupt frames of the sources removed so far
 
     # -- life ------------------------------------------------------------------------------
@@ -149,6 +153,11 @@ class Agent:
             self._lock.release()
         return ok
 
+    @property
+    def running(self) -> bool:
+        """True while the agent's thread runs (any thread)."""
+        return bool(self._threads) and self._threads[0].is_alive()
+
     def stats(self) -> dict[str, Any]:
         """Counters (published): acked, spooled, replayed, rejected, corrupt; sources,
         down."""
@@ -165,10 +174,18 @@ class Agent:
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                if now >= next_scan:
-                    self._scan()
-                    next_scan = now + self.config.scan_interval_s
-                busy = self._step()
+                try:
+                    if now >= next_scan:
+                        next_scan = now + self.config.scan_interval_s
+                        self._scan()
+                    busy = self._step()
+                except (LogSDKError, OSError) as exc:
+                    # A spool or a ring that cannot be used now (a full or failing disk,
+                    # a segment removed under it): said, and tried again; never fatal.
+                    log.error("logsdk agent: %s; going on", exc)
+                    self.counts["errors"] += 1
+                    self._stop.wait(0.5)
+                    busy = False
                 self._client.poll(0 if busy else 0.005)
                 self._after_poll()
             self._finish()
@@ -228,9 +245,35 @@ class Agent:
 
     def _spool_new(self, src: Source) -> int:
         taken = self._take(src, self.config.batch)
-        n = src.keep([(pos, row) for pos, row, _ in taken])
+        n = self._keep(src, [(pos, row) for pos, row, _ in taken])
         self.counts["spooled"] += n
         return n
+
+    def _keep(self, src: Source, taken: list[tuple[int, Row]]) -> int:
+        """Commit ``taken`` (just taken from the source's ring, oldest first) to its spool;
+        when the spool refuses (full, failing disk), they go back to the ring, unsettled,
+        to be taken again later."""
+        try:
+            return src.keep(taken)
+        except LogSDKError as exc:
+            if src.reader is not None:
+                src.reader.put_back([pos for pos, _ in taken])
+            self._spool_failed(src, exc)
+            return 0
+
+    def _spool_failed(self, src: Source, exc: LogSDKError) -> None:
+        """A spool write failed: counted, said at most every 10 s; the agent goes on."""
+        self.counts["spool_errors"] += 1
+        now = time.monotonic()
+        if now >= self._said_at:
+            self._said_at = now + 10.0
+            log.error(
+                "spool of producer %s refused records (%s); they wait in its ring "
+                "(%d spool error(s) so far)",
+                src.producer_id,
+                exc,
+                self.counts["spool_errors"],
+            )
 
     def _produce_new(self, src: Source, limit: int) -> int:
         taken = self._take(src, limit)
@@ -257,10 +300,9 @@ class Agent:
             except (BufferError, KafkaException) as exc:
                 rest = [(p, r) for p, r, _ in taken[i:]]
                 if isinstance(exc, KafkaException) and _client.is_record_exception(exc):
-                    src.set_aside([(pos, row, str(exc))])
-                    self.counts["rejected"] += 1
+                    src.refused.append((pos, row, str(exc)))  # set aside after the poll
                     rest = rest[1:]
-                self.counts["spooled"] += src.keep(rest)
+                self.counts["spooled"] += self._keep(src, rest)
                 return len(taken)
             src.inflight += 1
         return len(taken)
@@ -308,7 +350,11 @@ class Agent:
 
     def _after_poll(self) -> None:
         for src in self._sources.values():
-            acked, replayed, spooled, refused = src.after_poll()
+            try:
+                acked, replayed, spooled, refused = src.after_poll()
+            except LogSDKError as exc:
+                self._spool_failed(src, exc)
+                continue
             c = self.counts
             c["acked"] += acked + replayed
             c["replayed"] += replayed
@@ -351,7 +397,8 @@ class Agent:
             self._add(pid, reader)
         adir = agent_dir(self._root)
         for entry in sorted(adir.iterdir()) if adir.is_dir() else []:
-            if entry.is_dir() and entry.name not in self._sources:
+            # A spool the agent left (its producer's ring gone): delivered from the spool.
+            if entry.name not in self._sources and (entry / "spool.db").is_file():
                 self._add(entry.name, None)
         for pid, src in list(self._sources.items()):
             if src.reader is not None and not src.writer_dead:

@@ -9,6 +9,9 @@ Invariants:
   in its ``state.json``: a replayed record carries the id and seq it was written with;
 - while the spool holds rows, the ring's new records are appended behind them (never
   produced around them), so a key's records keep their order through an outage;
+- the spool holds at most ``spool_max_bytes`` (counted as the producer's spool counts):
+  past it, records wait in their ring (whose ``when_full`` then applies in the
+  application);
 - a record is checked before it is produced or spooled (:func:`check_row`): a topic
   Kafka would refuse or a header the SDK owns makes it refused, never sent.
 
@@ -25,11 +28,11 @@ import struct
 from pathlib import Path
 
 from logsdk._owner import Owner
-from logsdk.errors import ConfigError
+from logsdk.errors import ConfigError, LogSDKError, SpoolError, SpoolFullError
 from logsdk.producer._config import check_topic
 from logsdk.producer._records import HEADER_PRODUCER, KHeaders
 from logsdk.shm._reader import RingReader
-from logsdk.spool._codec import Row, decode_headers
+from logsdk.spool._codec import Row, decode_headers, row_size
 from logsdk.spool._spool import Spool
 from logsdk.spool._state import write_state
 
@@ -105,8 +108,11 @@ class Source:
         if self.spool is None:
             d = self.spool_dir
             if not d.exists():
-                d.mkdir(mode=0o700, parents=True)
-                write_state(d, {"producer_id": self.producer_id, "seq_reserved": 0})
+                try:
+                    d.mkdir(mode=0o700, parents=True)
+                    write_state(d, {"producer_id": self.producer_id, "seq_reserved": 0})
+                except OSError as exc:
+                    raise SpoolError(f"cannot create the spool {d}: {exc}") from exc
             self.spool = Spool(d, synchronous=self._synchronous, max_bytes=self._max_bytes).open()
         return self.spool
 
@@ -120,7 +126,15 @@ class Source:
         self.owner.check("spool a ring's records")
         if not taken:
             return 0
-        self.open_spool().append([row for _, row in taken])
+        spool = self.open_spool()
+        rows = [row for _, row in taken]
+        room = spool.room()
+        if room is not None and sum(row_size(r) for r in rows) > room:
+            raise SpoolFullError(
+                f"the agent's spool of producer {self.producer_id} is full "
+                f"(spool_max_bytes={spool.max_bytes})"
+            )
+        spool.append(rows)
         if self.reader is not None:
             self.reader.settle([pos for pos, _ in taken])
         return len(taken)
@@ -138,22 +152,35 @@ class Source:
         """What the delivery reports of the last poll said, applied: failed records
         committed to the spool then settled, refused ones set aside, acknowledged ones
         settled, acknowledged replays deleted. Returns (acknowledged, replayed, spooled,
-        refused)."""
+        refused). A spool that refuses a write raises (after the rest is applied); what
+        it did not take stays in the ring, unsettled, and is tried again next time."""
         self.owner.check("apply delivery reports")
-        failed, self.failed = self.failed, []
-        refused, self.refused = self.refused, []
         acked, self.acked = self.acked, []
         replayed, self.replayed = self.replayed, []
         gone, self.replay_refused = self.replay_refused, []
-        self.keep(failed)
-        self.set_aside(refused)
         if acked and self.reader is not None:
             self.reader.settle(acked)
-        if self.spool is not None:
-            if replayed:
+        failed, self.failed = self.failed, []
+        refused, self.refused = self.refused, []
+        error: LogSDKError | None = None
+        try:
+            if self.spool is not None and replayed:
                 self.spool.delete(replayed)
-            if gone:  # a spooled record Kafka refused: set aside, not retried for ever
+            if self.spool is not None and gone:
+                # A spooled record Kafka refused: set aside, not retried for ever.
                 self.spool.move_to_rejected(gone)
+        except LogSDKError as exc:
+            error = exc
+        try:
+            self.keep(failed)
+        except LogSDKError as exc:
+            self.failed[:0], failed, error = failed, [], exc
+        try:
+            self.set_aside(refused)
+        except LogSDKError as exc:
+            self.refused[:0], refused, error = refused, [], exc
+        if error is not None:
+            raise error
         return len(acked), len(replayed), len(failed), len(refused) + len(gone)
 
     # -- the end -------------------------------------------------------------------------

@@ -261,6 +261,16 @@ class RingReader:
             out.append((pos, row))
         return out
 
+    def put_back(self, positions: list[int]) -> None:
+        """The records just taken at ``positions`` (the last :meth:`take`'s, oldest first)
+        could not be made safe: forget them, to be taken again from the first."""
+        if not positions:
+            return
+        for pos in positions:
+            self._open.pop(pos, None)
+        self.cursor = min(self.cursor, positions[0])
+        self.finished = False  # they are still to be read
+
     def reject(self, pos: int) -> None:
         """The record taken at ``pos`` is not deliverable (the agent found it invalid): it
         is counted corrupt and settled, so it is never read again."""

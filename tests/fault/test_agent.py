@@ -7,7 +7,11 @@ same (producer id, seq)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +24,7 @@ import pytest
 from logsdk.agent._lock import agent_dir
 from logsdk.shm._reader import ring_names
 from logsdk.spool._slots import spooled_records
-from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, read_topic
+from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
 from tests.conftest import reap, wait_until
 
@@ -254,3 +258,71 @@ def test_the_application_and_the_agent_both_sigkilled(
     assert len(seqs) > N // 4
     assert seqs == list(range(len(seqs)))
     assert rep.order_violations == 0
+
+
+SERVERS = Path(__file__).resolve().parents[2] / "examples" / "servers"
+
+
+@pytest.mark.slow
+def test_eight_gunicorn_workers_recycled_under_load_with_one_agent(
+    kafka_broker: KafkaTarget, tmp_path: Path
+) -> None:
+    """gunicorn, 8 sync workers recycled every ~150 requests (about 20 processes come and
+    go), delivery="agent" and one agent: each of 3000 requests logs its id; after gunicorn's
+    SIGTERM every id is in Kafka, and no ring is left behind."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-gunicorn", 3)
+    spool = tmp_path / "spool"
+    port = free_port()
+    env = {
+        **os.environ,
+        "LOGSDK_BOOTSTRAP": bootstrap,
+        "LOGSDK_TOPIC": topic,
+        "LOGSDK_SPOOL_DIR": str(spool),
+        "LOGSDK_DELIVERY": "agent",
+        "PYTHONPATH": os.pathsep.join([str(SERVERS), *filter(None, [_env().get("PYTHONPATH")])]),
+        "XDG_RUNTIME_DIR": str(tmp_path),
+    }
+    cmd = [str(Path(sys.executable).parent / "gunicorn"), "-w", "8", "--max-requests", "150",
+           "--max-requests-jitter", "30", "--graceful-timeout", "20",
+           "-b", f"127.0.0.1:{port}", "wsgi_app:app"]  # fmt: skip
+    with _agent(spool, bootstrap):
+        proc = subprocess.Popen(cmd, env=env, cwd=SERVERS, start_new_session=True)
+        try:
+            wait_until(lambda: _listening(port), 30, "gunicorn listening", 0.1)
+            answered = [rid for rid in range(3000) if _answers(port, rid)]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert len(answered) == 3000
+
+        def rids() -> set[str]:
+            out = set()
+            for m in read_topic(bootstrap, topic, timeout=30):
+                doc = json.loads(m.value() or b"")
+                if doc.get("message", "").startswith("request "):
+                    out.add(str(doc["extra"]["rid"]))
+            return out
+
+        wait_until(lambda: rids() == {str(r) for r in range(3000)}, 60, "every id in Kafka", 1)
+        wait_until(lambda: ring_names(spool) == [], 30, "every ring removed")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _answers(port: int, rid: int) -> bool:
+    """One GET answered 200 (the request logs ``request <rid>``)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", f"/?{rid}")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()

@@ -150,7 +150,7 @@ def test_a_ring_of_another_logsdk_version_is_left_alone_and_the_others_are_read(
     name = ring_name(tmp_path, "e" * 32)
     old = ShmRing.attach(name, 64 * 1024, "e" * 32, tmp_path, drained_elsewhere=True)
     old.put(("logs", None, b"x", None, 1, 0))
-    old._mm[8:12] = (99).to_bytes(4, "little")  # the layout version
+    poke(name, 8, (99).to_bytes(4, "little"))  # the layout version
     p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
     a = agent(tmp_path).start()
     try:
@@ -163,3 +163,58 @@ def test_a_ring_of_another_logsdk_version_is_left_alone_and_the_others_are_read(
         p.close(1)
         assert a.stop(5)
         old.close(unlink=True)
+
+
+def test_a_full_spool_leaves_the_records_in_the_ring_and_the_agent_going(
+    tmp_path: Path,
+) -> None:
+    """Kafka down and the agent's spool at spool_max_bytes: what does not fit stays in the
+    ring (the application's flush() says how many), counted as spool errors; nothing is
+    lost: spooled + left in the ring = sent."""
+    p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
+    a = Agent(
+        AgentConfig(
+            spool_root=tmp_path,
+            bootstrap_servers=NOWHERE,
+            probe_timeout_s=0.3,
+            spool_max_bytes=50_000,
+            batch=50,
+        )
+    ).start()
+    try:
+        for i in range(1000):
+            p.send(b"%0200d" % i)
+        wait_until(lambda: a.stats()["spool_errors"] > 0, 10, "the spool full")
+        left = p.flush(0.5)
+        spooled = spooled_records(agent_dir(tmp_path) / p.producer_id)
+        assert 0 < spooled < 1000
+        assert left == 1000 - spooled
+        assert a.stats()["spooled"] == spooled
+        assert a.running
+    finally:
+        p.close(0)
+        assert a.stop(5)
+    _cleanup_rings(tmp_path)
+
+
+def poke(name: str, offset: int, data: bytes) -> None:
+    """Overwrite bytes of the segment ``name`` at ``offset``, as another process would."""
+    import mmap
+
+    import posix_ipc
+
+    seg = posix_ipc.SharedMemory(name, 0)
+    try:
+        with mmap.mmap(seg.fd, offset + len(data)) as mm:
+            mm[offset : offset + len(data)] = data
+    finally:
+        seg.close_fd()
+
+
+def _cleanup_rings(root: Path) -> None:
+    from logsdk.shm._reader import RingReader
+
+    for name in ring_names(root):
+        r = RingReader(name)
+        r.close()
+        r.unlink()

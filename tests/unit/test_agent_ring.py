@@ -177,7 +177,10 @@ def test_a_ring_of_another_layout_version_is_refused_with_a_clear_error(
     """A ring written by a newer or older logsdk is not read at all."""
     ring = writer(name, tmp_path)
     ring.put(rec(0))
-    ring._mm[8:12] = struct.pack("<I", 99)
+    seg = posix_ipc.SharedMemory(name, 0)
+    with mmap.mmap(seg.fd, HEADER_SIZE) as mm:
+        mm[8:12] = struct.pack("<I", 99)  # the layout version, as a newer logsdk writes it
+    seg.close_fd()
     try:
         with pytest.raises(ShmError, match="another logsdk"):
             RingReader(name)
