@@ -218,3 +218,41 @@ def _cleanup_rings(root: Path) -> None:
         r = RingReader(name)
         r.close()
         r.unlink()
+
+
+def test_random_damage_in_rings_never_stops_or_wedges_the_agent(tmp_path: Path) -> None:
+    """Fuzz: 30 dead applications' rings, each damaged at random places (frames, indexes,
+    lengths); the agent takes every ring to its end and removes it, stays up, and spools
+    only records that were written (never one made of damaged bytes)."""
+    import random
+
+    rnd = random.Random(4646)
+    written: set[bytes] = set()
+    for k in range(30):
+        pid = "%032x" % (k + 1)
+        ring = ShmRing.attach(
+            ring_name(tmp_path, pid), 64 * 1024, pid, tmp_path, drained_elsewhere=True
+        )
+        for i in range(rnd.randrange(1, 80)):
+            v = b"%d-%d|" % (k, i) + rnd.randbytes(rnd.randrange(0, 500))
+            written.add(v)
+            ring.put(("logs", None, v, None, 1, i))
+        ring.close(unlink=False)  # the application is gone
+        for _ in range(rnd.randrange(1, 6)):
+            at = rnd.choice([512, 544, 4096 + rnd.randrange(0, 64 * 1024 - 64)])
+            poke(ring_name(tmp_path, pid), at, rnd.randbytes(rnd.randrange(1, 48)))
+    a = agent(tmp_path).start()
+    try:
+        wait_until(lambda: ring_names(tmp_path) == [], 30, "every ring taken and removed")
+        assert a.running
+    finally:
+        assert a.stop(5)
+    import sqlite3
+
+    spooled = 0
+    for db in agent_dir(tmp_path).glob("*/spool.db"):
+        with sqlite3.connect(db) as conn:
+            for (value,) in conn.execute("SELECT value FROM records"):
+                assert value in written
+                spooled += 1
+    assert spooled > len(written) // 2  # most frames were not damaged
