@@ -34,10 +34,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from logsdk._fork import call_in_child
 from logsdk.agent._lock import agent_running
 from logsdk.errors import BufferFullError, ConfigError, ProducerClosedError, RecordTooLargeError
 from logsdk.producer._config import ProducerConfig, check_topic
+from logsdk.producer._process import gone, live
 from logsdk.producer._pump import State
 from logsdk.producer._records import _to_bytes, _user_headers
 from logsdk.shm._reader import ring_name
@@ -64,7 +64,7 @@ class Outlet:
         self._ring, self.producer_id = self._new_ring()
         self._seq = 0
         self._warned = False
-        call_in_child(self._forked)
+        live(self)  # told of forks; at exit, the ring unlinked if the agent took everything
         self.warn_without_agent()
 
     def _new_ring(self) -> tuple[ShmRing, str]:
@@ -92,11 +92,21 @@ class Outlet:
             )
         return False
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a forked child: the ring is the parent's (its descriptors were closed by
         the ring's own fork hook); the first send makes the child's own."""
         self._stale = True
         self.lock = threading.Lock()
+
+    def left_open(self) -> bool:
+        """At exit: this process's ring, not closed (a forked child's that never sent
+        has none)."""
+        return not self._closed and not self._stale
+
+    def close_left_open(self, deadline: float) -> None:
+        """At exit: the records are safe in the ring whatever happens; give the agent
+        a moment (at most 1 s of the budget) to take them, so that the ring can go."""
+        self.close(max(0.0, min(1.0, deadline - time.monotonic())))
 
     def _restart(self) -> None:
         with self.lock:
@@ -105,6 +115,7 @@ class Outlet:
                 self._seq = self.sent = self.dropped = 0
                 self._warned = False
                 self._stale = False
+                live(self)  # the exit hooks of this process (a pool's child leaves by _exit)
 
     # -- send ----------------------------------------------------------------------------
 
@@ -221,6 +232,7 @@ class Outlet:
         if self._stale:
             with self.lock:
                 self._closed = True
+            gone(self)
             return
         left = self.flush(timeout)
         with self.lock:
@@ -229,6 +241,7 @@ class Outlet:
             self._closed = True
             left = self._ring.pending
             self._ring.close(unlink=left == 0)
+        gone(self)
         if left:
             log.warning(
                 "close(): %d record(s) left in the shared-memory ring %s for logsdk agent",

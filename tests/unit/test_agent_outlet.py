@@ -206,3 +206,29 @@ def test_the_structlog_and_loguru_adapters_pass_delivery_through(tmp_path: Path)
             r = RingReader(name)
             r.close()
             r.unlink()
+
+
+def test_a_process_that_exits_without_close_leaves_its_records_in_the_ring(
+    tmp_path: Path,
+) -> None:
+    """No close(), no agent: the exit waits at most about a second, and the ring keeps every
+    record for the agent."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys\nfrom logsdk import LogProducer\n"
+        "p = LogProducer('127.0.0.1:1', 'logs', sys.argv[1], delivery='agent')\n"
+        "for i in range(5):\n    p.send(b'%d' % i)\n"
+    )
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=30)
+    assert time.monotonic() - t0 < 10
+    [name] = ring_names(tmp_path)
+    r = RingReader(name)
+    try:
+        assert [row[5] for _, row in r.take(10, alive=r.writer_alive())] == [0, 1, 2, 3, 4]
+    finally:
+        r.close()
+        r.unlink()
