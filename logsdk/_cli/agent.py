@@ -61,6 +61,13 @@ def register(sub: Subparsers) -> None:
         metavar="RECORDS_PER_S",
         help="spooled records replayed per second at most (default 200000)",
     )
+    p.add_argument(
+        "--stall-timeout",
+        type=seconds,
+        default=10.0,
+        help="records in flight and no acknowledgement for this long: the client is "
+        "replaced (default 10)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log what the agent does")
     p.set_defaults(func=_cmd_agent)
 
@@ -74,6 +81,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
             bootstrap_servers=args.bootstrap,
             kafka_config=kafka_config(args),
             replay_max_rate=args.replay_max_rate,
+            stall_timeout_s=args.stall_timeout,
         )
     )
     stop = threading.Event()

@@ -10,8 +10,10 @@ A step of the agent's thread: look for rings that appeared or whose writer died 
 up, replay the spools and produce the rings' new records (a producer whose spool holds
 rows has its new records appended behind them), and with Kafka down, commit the rings'
 new records to the spools. Kafka is down from a delivery that failed for a reason other
-than the record's own, or a report that every broker is down, until a probe answers
-(and at the start, until the first probe, made at once, answers).
+than the record's own, a report that every broker is down, or records in librdkafka
+with no acknowledgement for ``stall_timeout_s`` (the client is then replaced, as one
+that failed fatally), until a probe answers (and at the start, until the first probe,
+made at once, answers).
 
 Invariants:
 - a record leaves a ring only once Kafka acknowledged it or a spool committed it (the
@@ -38,6 +40,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from logsdk import _fork
 from logsdk._owner import Owner
 from logsdk.agent._lock import AgentLock, agent_dir
 from logsdk.agent._source import Source, check_row
@@ -67,6 +70,9 @@ class AgentConfig:
     max_inflight: int = 100_000
     #: Spooled records replayed per second at most (None: no limit).
     replay_max_rate: float | None = 200_000.0
+    #: Records in librdkafka and no acknowledgement for this long: the client is given up
+    #: (its records spooled) and a new one made once Kafka answers a probe.
+    stall_timeout_s: float = 10.0
 
     def producer_config(self) -> ProducerConfig:
         """The producer settings the client is made from (validated as a producer's:
@@ -111,6 +117,8 @@ class Agent:
         self._sources: dict[str, Source] = {}
         self._refused_rings: set[str] = set()
         self._client: Any = None
+        self._renew = False  # the client failed fatally: the agent's thread replaces it
+        self._quiet_since = time.monotonic()  # the stall detector's clock
         self._threads: list[threading.Thread] = []
         #: Published counters (the agent's thread writes them).
         self.counts = {
@@ -178,6 +186,8 @@ class Agent:
                     if now >= next_scan:
                         next_scan = now + self.config.scan_interval_s
                         self._scan()
+                    if self._renew:
+                        self._renew_client()
                     busy = self._step()
                 except (LogSDKError, OSError) as exc:
                     # A spool or a ring that cannot be used now (a full or failing disk,
@@ -187,7 +197,7 @@ class Agent:
                     self._stop.wait(0.5)
                     busy = False
                 self._client.poll(0 if busy else 0.005)
-                self._after_poll()
+                self._watch(self._after_poll())
             self._finish()
         except Exception:
             log.exception("logsdk agent: its thread failed; stopping (rings and spools kept)")
@@ -298,6 +308,7 @@ class Agent:
             try:
                 produce(topic, value, key, headers=headers, timestamp=ts or 0, on_delivery=report)
             except (BufferError, KafkaException) as exc:
+                self._refused_by_client(exc)
                 rest = [(p, r) for p, r, _ in taken[i:]]
                 if isinstance(exc, KafkaException) and _client.is_record_exception(exc):
                     src.refused.append((pos, row, str(exc)))  # set aside after the poll
@@ -342,13 +353,16 @@ class Agent:
 
             try:
                 produce(topic, value, key, headers=headers, timestamp=ts or 0, on_delivery=report)
-            except (BufferError, KafkaException):
+            except (BufferError, KafkaException) as exc:
+                self._refused_by_client(exc)
                 return 0  # left in the spool: the next step tries again
             src.replaying += 1
             src.replay_after = row_id
         return len(rows)
 
-    def _after_poll(self) -> None:
+    def _after_poll(self) -> int:
+        """Apply the reports of the last poll; how many records Kafka acknowledged."""
+        total = 0
         for src in self._sources.values():
             try:
                 acked, replayed, spooled, refused = src.after_poll()
@@ -360,6 +374,21 @@ class Agent:
             c["replayed"] += replayed
             c["spooled"] += spooled
             c["rejected"] += refused
+            total += acked + replayed
+        return total
+
+    def _watch(self, acked: int) -> None:
+        """The stall detector: records in librdkafka and none acknowledged for
+        ``stall_timeout_s`` (a client wedged: seen after a broker lost its producer
+        state) means the client is replaced."""
+        now = time.monotonic()
+        held = any(s.inflight or s.replaying for s in self._sources.values())
+        if acked or not held:
+            self._quiet_since = now
+        elif now - self._quiet_since > self.config.stall_timeout_s and not self._renew:
+            self._quiet_since = now
+            self._renew = True
+            self._went_down(f"no acknowledgement for {self.config.stall_timeout_s:g} s")
 
     def _went_down(self, why: str) -> None:
         if not self.down:
@@ -367,9 +396,48 @@ class Agent:
         self.down = True
         self._back.clear()
 
+    def _refused_by_client(self, exc: BufferError | KafkaException) -> None:
+        """produce() raised: a full queue waits; a client that failed fatally is replaced;
+        anything else but the record's own fault means Kafka cannot be written now."""
+        if isinstance(exc, BufferError):
+            return
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError):
+            if err.fatal():
+                self._renew = True
+                self._went_down(f"fatal: {err.str()}")
+            elif not _client.is_record_error(err):
+                self._went_down(err.str())
+
     def _on_error(self, err: KafkaError) -> None:
-        if _client.is_cluster_down(err):
+        if err.fatal():
+            # The idempotent client can produce no more (e.g. the broker lost its
+            # producer state): a new one, once what this one holds is spooled.
+            self._renew = True
+            self._went_down(f"fatal: {err.str()}")
+        elif _client.is_cluster_down(err):
             self._went_down(err.str())
+
+    def _renew_client(self) -> None:
+        """Replace a client that failed fatally: purge it, apply its reports (the purged
+        records go to the spools: Kafka is down until a probe says otherwise), for at most
+        10 s, then make a new one. What was not reported stays in the rings, unsettled."""
+        self._renew = False
+        old = self._client
+        _client.purge_without_waiting(old)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(
+            s.inflight or s.replaying for s in self._sources.values()
+        ):
+            old.poll(0.05)
+            self._after_poll()
+        _fork.bury(old)  # never destroyed: its threads may be wedged (see logsdk._fork)
+        for src in self._sources.values():
+            src.inflight = src.replaying = src.replay_after = 0
+            if src.reader is not None:
+                src.reader.forget_open()
+        self._client = _client.new_producer(self._pconf.librdkafka(), self._on_error)
+        log.warning("the agent's Kafka client was replaced (it failed, or stalled)")
 
     # -- rings appearing and going -----------------------------------------------------------
 

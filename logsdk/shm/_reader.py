@@ -271,6 +271,12 @@ class RingReader:
         self.cursor = min(self.cursor, positions[0])
         self.finished = False  # they are still to be read
 
+    def forget_open(self) -> None:
+        """The records taken and not settled will never be reported (a client given up):
+        read them again from the oldest."""
+        if self._open:
+            self.put_back(sorted(self._open))
+
     def reject(self, pos: int) -> None:
         """The record taken at ``pos`` is not deliverable (the agent found it invalid): it
         is counted corrupt and settled, so it is never read again."""

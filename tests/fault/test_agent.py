@@ -326,3 +326,40 @@ def _answers(port: int, rid: int) -> bool:
         return False
     finally:
         conn.close()
+
+
+def test_a_memory_broker_restart_the_agent_replaces_its_client(
+    broker_factory: BrokerFactory, tmp_path: Path
+) -> None:
+    """A memory-storage broker restarted forgets the agent client's producer state (its
+    idempotent client then has records in flight that are never acknowledged): the
+    agent's stall detector replaces the client, and every record written after the
+    restart arrives, in order per partition."""
+    from logsdk import LogProducer
+
+    broker = broker_factory()
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, "agent-broker-restart", 2)
+    with (
+        _agent(tmp_path, bootstrap),
+        LogProducer(bootstrap, topic, tmp_path, delivery="agent") as p,
+    ):
+        for i in range(2000):
+            p.send(b"%d" % i, key=b"%d" % (i % 8))
+        assert p.flush(30) == 0
+        broker.kill()
+        broker.restart()
+        create_topic(bootstrap, topic, 2, exist_ok=True)
+        for i in range(2000, 12_000):
+            p.send(b"%d" % i, key=b"%d" % (i % 8))
+            if i % 1000 == 0:
+                time.sleep(0.05)
+        assert p.flush(60) == 0
+        pid = p.producer_id
+
+        def missing() -> list[int]:
+            rep = check_delivery(read_topic(bootstrap, topic, timeout=30))
+            assert rep.order_violations == 0
+            return rep.missing(pid, range(2000, 12_000))
+
+        wait_until(lambda: missing() == [], 60, "every record after the restart in Kafka", 1)
