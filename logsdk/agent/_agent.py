@@ -421,11 +421,12 @@ class Agent:
     def _renew_client(self) -> None:
         """Replace a client that failed fatally: purge it, apply its reports (the purged
         records go to the spools: Kafka is down until a probe says otherwise), for at most
-        10 s, then make a new one. What was not reported stays in the rings, unsettled."""
+        2 s, then make a new one. What was not reported is read again from the rings and
+        the spools (a duplicate at worst)."""
         self._renew = False
         old = self._client
         _client.purge_without_waiting(old)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and any(
             s.inflight or s.replaying for s in self._sources.values()
         ):
