@@ -35,7 +35,8 @@ N = 20_000
 
 #: The application: N records through delivery="agent", keyed; prints its producer id,
 #: "quarter" a quarter of the way, then "sent", then (argv[4] == "close") flushes and
-#: closes, saying how many records were "left", or waits to be killed.
+#: closes, saying how many records were "left", or waits to be killed. "pause": as
+#: "close", waiting at the quarter for a line on its stdin.
 _APP = textwrap.dedent(
     """
     import sys, time
@@ -49,8 +50,10 @@ _APP = textwrap.dedent(
             time.sleep(0.05)
         if i == int(n) // 4:
             print("quarter", flush=True)
+            if mode == "pause":
+                sys.stdin.readline()
     print("sent", flush=True)
-    if mode == "close":
+    if mode in ("close", "pause"):
         left = p.flush(60)
         p.close(0)
         print("left", left, flush=True)
@@ -88,6 +91,7 @@ def _agent(root: Path, bootstrap: str, *extra: str) -> Iterator[subprocess.Popen
 def _app(root: Path, bootstrap: str, topic: str, mode: str) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", _APP, bootstrap, topic, str(root), mode, str(N)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -173,15 +177,18 @@ def test_the_agent_sigkilled_mid_stream_and_restarted_loses_nothing(
     flush() returns 0."""
     bootstrap = kafka_broker.bootstrap_servers
     topic = create_topic(bootstrap, "agent-killed", 3)
-    with _app(tmp_path, bootstrap, topic, "close") as app:
+    with _app(tmp_path, bootstrap, topic, "pause") as app:
+        assert app.stdin is not None
         assert app.stdout is not None
         pid = app.stdout.readline().strip()
         with _agent(tmp_path, bootstrap) as agent:
-            _line(app, "quarter")
+            _line(app, "quarter")  # the application waits there
             agent.kill()
             agent.wait(10)
         at_kill = check_delivery(read_topic(bootstrap, topic, timeout=30)).unique
         assert at_kill < N, "the agent was killed after it delivered everything"
+        app.stdin.write("go\n")
+        app.stdin.flush()
         with _agent(tmp_path, bootstrap):
             _line(app, "sent")
             assert _line(app, "left") == ["left", "0"]
@@ -204,7 +211,7 @@ def test_kafka_down_for_the_whole_run_then_back(
         _line(app, "sent")
         assert _line(app, "left") == ["left", "0"]
         spool = agent_dir(tmp_path) / pid
-        assert spooled_records(spool) == N
+        wait_until(lambda: spooled_records(spool) == N, 10, "every record in the spool")
         broker.heal()
         assert _all_in_kafka(bootstrap, topic, pid) == 0
         wait_until(lambda: not spool.exists(), 10, "the spool emptied and removed")
@@ -214,20 +221,21 @@ def test_the_agent_sigkilled_mid_replay_and_restarted_loses_nothing(
     broker_factory: BrokerFactory, tmp_path: Path
 ) -> None:
     """Kafka cut while the application writes: the agent spools everything; Kafka back, the
-    agent replays (paced at 4,000 records/s) and is SIGKILLed with rows still in its spool;
+    agent replays (paced at 2,000 records/s) and is SIGKILLed with rows still in its spool;
     the next agent replays the rest: every record in Kafka, in order per partition."""
     broker = broker_factory(proxy=True)
     bootstrap = broker.bootstrap_servers
     topic = create_topic(bootstrap, "agent-killed-replaying", 3)
     broker.cut()
     with _app(tmp_path, bootstrap, topic, "close") as app:
-        with _agent(tmp_path, bootstrap, "--replay-max-rate", "4000") as agent:
+        with _agent(tmp_path, bootstrap, "--replay-max-rate", "2000") as agent:
             pid = _line(app, "")[0]
             assert _line(app, "left") == ["left", "0"]
             spool = agent_dir(tmp_path) / pid
-            assert spooled_records(spool) == N
+            wait_until(lambda: spooled_records(spool) == N, 10, "every record in the spool")
             broker.heal()
-            wait_until(lambda: spooled_records(spool) < N, 30, "the replay under way", 0.02)
+            # (1 is also what spooled_records says when it cannot tell: not taken for a count)
+            wait_until(lambda: 1 < spooled_records(spool) < N, 30, "the replay under way", 0.02)
             agent.kill()
             agent.wait(10)
         left = spooled_records(spool)
