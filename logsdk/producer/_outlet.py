@@ -260,7 +260,7 @@ class Outlet:
         pending = 0 if ring.closed else ring.pending
         return {
             "delivery": "agent",
-            "state": "closed" if self._closed else "online",
+            "state": self.state.value,
             "sent": self.sent,
             "dropped": self.dropped,
             "undelivered": pending,
