@@ -12,6 +12,10 @@ pipeline (application + ``logsdk agent``) pays, against baselines measured in th
   against a direct-mode ``LogProducer`` in one process doing the same (send, flush).
   Ratio = agent pipeline / direct (lower is better). params: seconds until flushed.
 - agent.app_cpu_us_per_record (information): the application process alone in that run.
+- agent.connections_8_workers: TCP connections open to the broker from a host running 8
+  worker processes that each logged a record: with ``delivery="agent"`` (the workers and
+  one agent), against the same 8 workers in direct mode (a librdkafka client each).
+  Counted from /proc/net/tcp (established, to the broker's port). Lower is better.
 - agent.handler_cpu_us_per_call: CPU of the calling thread (``time.thread_time``) per
   ``logging`` call through ``KafkaHandler(delivery="agent")``, against ``SysLogHandler``
   over UDP to a local socket with python-json-logger's ``JsonFormatter`` making the same
@@ -115,6 +119,59 @@ def handler_cpu(n: int) -> tuple[float, float]:
         finally:
             sh.close()
     return kafka, syslog
+
+
+_WORKER = """
+import sys, time
+from logsdk import LogProducer
+p = LogProducer(sys.argv[1], sys.argv[2], sys.argv[3], delivery=sys.argv[4])
+p.send(b"hello")
+p.flush(30)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _connections_to(port: int) -> int:
+    """Established TCP connections to 127.0.0.1:``port`` (any local process)."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                remote, state = fields[2], fields[3]
+                if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                    n += 1
+    return n
+
+
+def connections(bootstrap: str, topic: str, delivery: str, workers: int = 8) -> int:
+    """Connections to the broker with ``workers`` processes that logged (and an agent)."""
+    port = int(bootstrap.rsplit(":", 1)[1])
+    with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
+        if delivery == "agent":
+            stack.enter_context(agent(d, bootstrap))
+        procs = []
+        for _ in range(workers):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER, bootstrap, topic, d, delivery],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(proc)
+        try:
+            for proc in procs:
+                assert proc.stdout is not None
+                proc.stdout.readline()
+            time.sleep(1.0)  # connections made after the first record settle
+            return _connections_to(port)
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            _cleanup(d)
 
 
 def ring_rate(n: int) -> float:
@@ -242,6 +299,7 @@ def main(argv: list[str]) -> int:
     n, rounds = args.records, args.rounds
     ring, raw, pipe, app, direct_cpu, took_pipe, took_direct = [], [], [], [], [], [], []
     kh, sh = [], []
+    conns: dict[str, int] = {}
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers
         for r in range(rounds):
@@ -258,6 +316,8 @@ def main(argv: list[str]) -> int:
             dcpu, dtook = direct(bootstrap, topic, n)
             direct_cpu.append(dcpu * 1e6 / n)
             took_direct.append(dtook)
+        topic = create_topic(bootstrap, "agent-bench-conns", 4)
+        conns = {mode: connections(bootstrap, topic, mode) for mode in ("direct", "agent")}
     med = statistics.median
     params = {"records": n, "value_bytes": len(VALUE), "rounds": rounds, "broker": "embedded"}
     results = [
@@ -285,6 +345,16 @@ def main(argv: list[str]) -> int:
                 "flushed_s_agent": round(med(took_pipe), 2),
                 "flushed_s_direct": round(med(took_direct), 2),
             },
+        },
+        {
+            "name": "agent.connections_8_workers",
+            "unit": "connections",
+            "value": conns["agent"],
+            "baseline": "the same 8 workers in direct mode (a librdkafka client each)",
+            "baseline_value": conns["direct"],
+            "ratio": round(conns["agent"] / max(1, conns["direct"]), 3),
+            "goal": None,
+            "params": {"workers": 8, "brokers": 1, "broker": "embedded"},
         },
         {
             "name": "agent.handler_cpu_us_per_call",

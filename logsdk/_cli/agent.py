@@ -94,11 +94,12 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         agent.start()
         print(f"logsdk agent: draining {args.spool_root}", flush=True)
         while not stop.wait(1.0):
-            pass
+            if not agent.running:  # its thread failed (logged): exit non-zero, to be restarted
+                break
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         ok = agent.stop(args.stop_timeout)
     left = agent.stats()
     log.info("logsdk agent stopped: %s", left)
-    return 0 if ok else 1
+    return 0 if ok and stop.is_set() else 1
