@@ -4,14 +4,17 @@ foreground, until SIGTERM or Ctrl-C (:mod:`logsdk.agent._agent`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
 from types import FrameType
 
-from logsdk._cli._common import Subparsers, add_command, kafka_config, seconds
+from logsdk._cli._common import Subparsers, UsageError, add_command, kafka_config, seconds
 from logsdk.agent._agent import Agent, AgentConfig
+from logsdk.agent._spawn import ENV_KAFKA_CONFIG
 
 log = logging.getLogger("logsdk.agent")
 
@@ -72,6 +75,23 @@ def register(sub: Subparsers) -> None:
     p.set_defaults(func=_cmd_agent)
 
 
+def _kafka_config(args: argparse.Namespace) -> dict[str, str | int | float | bool]:
+    """$LOGSDK_AGENT_KAFKA_CONFIG (JSON: how a producer that starts an agent passes its
+    properties, secrets included, out of the command line), then the -X pairs."""
+    conf: dict[str, str | int | float | bool] = {}
+    raw = os.environ.get(ENV_KAFKA_CONFIG)
+    if raw:
+        try:
+            found = json.loads(raw)
+        except ValueError as exc:
+            raise UsageError(f"${ENV_KAFKA_CONFIG} is not JSON: {exc}") from None
+        if not isinstance(found, dict):
+            raise UsageError(f"${ENV_KAFKA_CONFIG} must hold a JSON object")
+        conf.update(found)
+    conf.update(kafka_config(args))
+    return conf
+
+
 def _cmd_agent(args: argparse.Namespace) -> int:
     if args.verbose:
         logging.getLogger("logsdk.agent").setLevel(logging.INFO)
@@ -79,7 +99,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         AgentConfig(
             spool_root=args.spool_root,
             bootstrap_servers=args.bootstrap,
-            kafka_config=kafka_config(args),
+            kafka_config=_kafka_config(args),
             replay_max_rate=args.replay_max_rate,
             stall_timeout_s=args.stall_timeout,
         )

@@ -83,6 +83,7 @@ class ProducerConfig:
     shm_name: str | None = None
     shm_bytes: int = 64 << 20
     delivery: Literal["direct", "agent"] = "direct"
+    start_agent: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.bootstrap_servers, str) or not self.bootstrap_servers.strip():
@@ -94,6 +95,10 @@ class ProducerConfig:
             raise ConfigError(f"buffer must be 'memory' or 'shm', got {self.buffer!r}")
         if self.delivery not in ("direct", "agent"):
             raise ConfigError(f"delivery must be 'direct' or 'agent', got {self.delivery!r}")
+        if not isinstance(self.start_agent, bool):
+            raise ConfigError(f"start_agent must be True or False, got {self.start_agent!r}")
+        if self.start_agent and self.delivery != "agent":
+            raise ConfigError("start_agent=True needs delivery='agent'")
         if self.when_full not in WHEN_FULL:
             raise ConfigError(f"when_full must be one of {WHEN_FULL}, got {self.when_full!r}")
         positive = {

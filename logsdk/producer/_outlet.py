@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from logsdk.agent._lock import agent_running
+from logsdk.agent._spawn import start_agent
 from logsdk.errors import BufferFullError, ConfigError, ProducerClosedError, RecordTooLargeError
 from logsdk.producer._config import ProducerConfig, check_topic
 from logsdk.producer._process import gone, live
@@ -65,7 +66,11 @@ class Outlet:
         self._seq = 0
         self._warned = False
         live(self)  # told of forks; at exit, the ring unlinked if the agent took everything
-        self.warn_without_agent()
+        if config.start_agent and not agent_running(config.spool_dir):
+            start_agent(config.spool_dir, config.bootstrap_servers, config.kafka_config)
+            self._warned = True  # said by start_agent
+        else:
+            self.warn_without_agent()
 
     def _new_ring(self) -> tuple[ShmRing, str]:
         pid = uuid.uuid4().hex

@@ -81,6 +81,8 @@ class LogProducer:
     <spool_dir>`` (one per host and spool root) ships it to Kafka, spooling and replaying
     it there. No librdkafka client, thread or SQLite file in this process; flush() and
     close() wait for the agent to have taken the records (see docs/agent.md).
+    ``start_agent=True``: when no agent holds ``spool_dir``, the constructor starts one in
+    the background (it outlives this process; its log is ``spool_dir/agent/agent.log``).
 
     ``kafka_config`` passes librdkafka properties through (SASL/SSL included; their
     secrets are never logged or shown). ``enable.idempotence`` and ``acks=all`` are
@@ -111,6 +113,7 @@ class LogProducer:
         shm_name: str | None = None,
         shm_bytes: int = 64 << 20,
         delivery: Literal["direct", "agent"] = "direct",
+        start_agent: bool = False,
     ) -> None:
         self.config = ProducerConfig(
             bootstrap_servers=bootstrap_servers,
@@ -134,6 +137,7 @@ class LogProducer:
             shm_name=shm_name,
             shm_bytes=shm_bytes,
             delivery=delivery,
+            start_agent=start_agent,
         )
         self._engine: Engine | Outlet
         if delivery == "agent":

@@ -256,3 +256,32 @@ def test_random_damage_in_rings_never_stops_or_wedges_the_agent(tmp_path: Path) 
                 assert value in written
                 spooled += 1
     assert spooled > len(written) // 2  # most frames were not damaged
+
+
+def test_a_producer_starts_an_agent_when_none_runs(tmp_path: Path) -> None:
+    """start_agent=True: the constructor starts one agent (in a session of its own, its
+    log in the spool root), which takes the records; a second producer starts none."""
+    import os
+
+    p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent", start_agent=True)
+    pid = 0
+    try:
+        wait_until(lambda: agent_running(tmp_path), 20, "the agent started")
+        pid = int((agent_dir(tmp_path) / "LOCK").read_text())
+        assert os.getsid(pid) != os.getsid(0)  # a session of its own
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert ppid != os.getpid()  # nobody's child here: it outlives this process
+        q = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent", start_agent=True)
+        for i in range(100):
+            p.send(b"%d" % i)
+            q.send(b"%d" % i)
+        assert p.flush(20) == 0
+        assert q.flush(20) == 0
+        q.close(1)
+        assert int((agent_dir(tmp_path) / "LOCK").read_text()) == pid
+        assert (agent_dir(tmp_path) / "agent.log").exists()
+    finally:
+        p.close(1)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: not agent_running(tmp_path), 20, "the agent stopped")
