@@ -285,3 +285,16 @@ def test_a_producer_starts_an_agent_when_none_runs(tmp_path: Path) -> None:
         if pid:
             os.kill(pid, signal.SIGTERM)
             wait_until(lambda: not agent_running(tmp_path), 20, "the agent stopped")
+
+
+def test_the_agents_kafka_properties_from_the_environment_are_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """$LOGSDK_AGENT_KAFKA_CONFIG must be a JSON object (exit 2 otherwise), and a property
+    that would weaken delivery is refused (exit 1)."""
+    monkeypatch.setenv("LOGSDK_AGENT_KAFKA_CONFIG", "not json")
+    assert main(["agent", "--spool-root", str(tmp_path), "-b", NOWHERE]) == 2
+    assert "LOGSDK_AGENT_KAFKA_CONFIG" in capsys.readouterr().err
+    monkeypatch.setenv("LOGSDK_AGENT_KAFKA_CONFIG", '{"acks": "1"}')
+    assert main(["agent", "--spool-root", str(tmp_path), "-b", NOWHERE]) == 1
+    assert "acks" in capsys.readouterr().err
