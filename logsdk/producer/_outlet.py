@@ -19,8 +19,8 @@ Invariants owned here:
   within their timeouts, and return what is left: those records stay in the ring for the
   agent (a closed ring is unlinked only when nothing is left in it).
 
-Owner: the send lock (:attr:`Outlet.lock`) guards the ring's writer side, ``_seq``,
-``sent`` and ``dropped``; ``_stale`` is set in a forked child before any other thread
+Owner: the send lock (:attr:`Outlet.lock`) guards the ring's writer side, ``_seq`` and
+``written``; ``counters`` (drops) has a lock of its own; ``_stale`` is set in a forked child before any other thread
 exists there and cleared under the lock.
 """
 
@@ -38,6 +38,7 @@ from logsdk.agent._lock import agent_running
 from logsdk.agent._spawn import start_agent
 from logsdk.errors import BufferFullError, ConfigError, ProducerClosedError, RecordTooLargeError
 from logsdk.producer._config import ProducerConfig, check_topic
+from logsdk.producer._counters import Counters
 from logsdk.producer._process import gone, live
 from logsdk.producer._pump import State
 from logsdk.producer._records import _to_bytes, _user_headers
@@ -60,8 +61,10 @@ class Outlet:
         self._topics_ok = {config.topic}
         self._closed = False
         self._stale = False
-        self.sent = 0
-        self.dropped = 0
+        #: Records written into the ring (the send lock's).
+        self.written = 0
+        #: Records dropped by ``when_full`` (any thread: a sender may drop without the lock).
+        self.counters = Counters()
         self._ring, self.producer_id = self._new_ring()
         self._seq = 0
         self._warned = False
@@ -117,7 +120,8 @@ class Outlet:
         with self.lock:
             if self._stale:
                 self._ring, self.producer_id = self._new_ring()
-                self._seq = self.sent = self.dropped = 0
+                self._seq = self.written = 0
+                self.counters = Counters()
                 self._warned = False
                 self._stale = False
                 live(self)  # the exit hooks of this process (a pool's child leaves by _exit)
@@ -173,7 +177,7 @@ class Outlet:
             ):
                 return
             self._seq = seq + 1
-            self.sent += 1
+            self.written += 1
         finally:
             self.lock.release()
 
@@ -199,8 +203,7 @@ class Outlet:
         if self.config.when_full == "raise":
             raise BufferFullError(reason)
         if self.config.when_full == "drop_newest":
-            self.dropped += 1
-            self.sent += 1
+            self.counters.drop()
             return
         raise BufferFullError(f"{reason}; waited max_block_s={self.config.max_block_s}")
 
@@ -266,8 +269,8 @@ class Outlet:
         return {
             "delivery": "agent",
             "state": self.state.value,
-            "sent": self.sent,
-            "dropped": self.dropped,
+            "sent": self.written + self.counters.dropped,  # accepted, then some dropped
+            "dropped": self.counters.dropped,
             "undelivered": pending,
             "shm_name": ring.name,
             "shm_capacity": ring.capacity,
