@@ -20,8 +20,8 @@ Invariants owned here:
   agent (a closed ring is unlinked only when nothing is left in it).
 
 Owner: the send lock (:attr:`Outlet.lock`) guards the ring's writer side, ``_seq`` and
-``written``; ``counters`` (drops) has a lock of its own; ``_stale`` is set in a forked child before any other thread
-exists there and cleared under the lock.
+``written``; ``counters`` (drops) has a lock of its own; ``_stale`` is set in a forked
+child before any other thread exists there and cleared under the lock.
 """
 
 from __future__ import annotations
