@@ -48,7 +48,7 @@ from logsdk.errors import ConfigError, LogSDKError, ShmError
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig
 from logsdk.producer._records import HEADER_SEQ
-from logsdk.shm._reader import RingReader, ring_names, ring_prefix
+from logsdk.shm._reader import RingReader, ring_names, ring_prefix, valid_producer_id
 from logsdk.spool._codec import Row, decode_headers
 
 log = logging.getLogger("logsdk.agent")
@@ -451,6 +451,10 @@ class Agent:
             pid = name[len(prefix) :]
             if pid in self._sources or name in self._refused_rings:
                 continue
+            if not valid_producer_id(pid):
+                self._refused_rings.add(name)
+                log.error("ring %s: %r is not a producer id; not read", name, pid)
+                continue
             try:
                 reader = RingReader(name)
             except ShmError as exc:
@@ -467,7 +471,11 @@ class Agent:
         adir = agent_dir(self._root)
         for entry in sorted(adir.iterdir()) if adir.is_dir() else []:
             # A spool the agent left (its producer's ring gone): delivered from the spool.
-            if entry.name not in self._sources and (entry / "spool.db").is_file():
+            if (
+                entry.name not in self._sources
+                and valid_producer_id(entry.name)
+                and (entry / "spool.db").is_file()
+            ):
                 self._add(entry.name, None)
         for pid, src in list(self._sources.items()):
             if src.reader is not None and not src.writer_dead:

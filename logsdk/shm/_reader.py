@@ -62,7 +62,14 @@ from logsdk.shm._segment import (
 )
 from logsdk.spool._codec import Row
 
-_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,32}")
+#: A producer id the agent accepts: it names a directory of the agent's, so no dots (no
+#: "." or ".." can name a directory outside it).
+_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+
+def valid_producer_id(text: str) -> bool:
+    """True when ``text`` may be a producer id of a ring (see ``_ID_RE``)."""
+    return _ID_RE.fullmatch(text) is not None
 
 
 def ring_prefix(spool_root: str | os.PathLike[str]) -> str:
@@ -180,7 +187,7 @@ class RingReader:
                 )
             if header.capacity != size - HEADER_SIZE or header.capacity % 8:
                 raise ShmError(f"ring {name}: capacity {header.capacity} does not match its size")
-            if not _ID_RE.fullmatch(header.producer_id):
+            if not valid_producer_id(header.producer_id):
                 raise ShmError(f"ring {name}: producer id {header.producer_id!r} is not valid")
         except BaseException:
             mm.close()

@@ -298,3 +298,31 @@ def test_the_agents_kafka_properties_from_the_environment_are_checked(
     monkeypatch.setenv("LOGSDK_AGENT_KAFKA_CONFIG", '{"acks": "1"}')
     assert main(["agent", "--spool-root", str(tmp_path), "-b", NOWHERE]) == 1
     assert "acks" in capsys.readouterr().err
+
+
+def test_a_ring_named_with_dots_is_never_taken_for_a_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ring whose producer id is ".." (a bug, or another process of the same user) is
+    refused and left alone: the agent's spools are named after producer ids, and the
+    spool root stays whole; the other rings are drained."""
+    import posix_ipc
+
+    caplog.set_level(logging.ERROR, "logsdk.agent")
+    name = ring_name(tmp_path, "..")
+    ring = ShmRing.attach(name, 64 * 1024, "..", tmp_path, drained_elsewhere=True)
+    ring.put(("logs", None, b"x", None, 1, 0))
+    ring.close(unlink=False)
+    (tmp_path / "keep").write_text("x")
+    a = agent(tmp_path).start()
+    try:
+        p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
+        p.send(b"y")
+        assert p.flush(10) == 0  # the agent is up and taking the other rings
+        p.close(1)
+        wait_until(lambda: "is not a producer id" in caplog.text, 10, "the refusal logged")
+        assert name in ring_names(tmp_path)
+    finally:
+        assert a.stop(5)
+        posix_ipc.unlink_shared_memory(name)
+    assert (tmp_path / "keep").read_text() == "x"
