@@ -34,6 +34,7 @@ Owner: the thread that made the reader (the agent's thread); nothing else touche
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import mmap
@@ -112,19 +113,19 @@ def first_key(d: dict[int, int]) -> int | None:
             continue
 
 
-def follow_tail(mm: mmap.mmap, known: int, head: int, open_: dict[int, int]) -> int:
+def follow_tail(mm: mmap.mmap, known: int, head: int, fifo: collections.deque[int] | None) -> int:
     """The writer's side of a ring drained elsewhere: the tail its reader published, taken
     only between the tail ``known`` here and the writer's ``head`` (else ``known``: the
-    reader is another process), with the frames behind it dropped from ``open_`` (seq ->
-    position, in ring order). The caller holds the ring's settle lock."""
+    reader is another process), with the positions behind it dropped from ``fifo`` (the
+    frames written, oldest first; the writer appends meanwhile, only this pops). The
+    caller holds the ring's settle lock."""
     tail = read_index(mm, TAIL_OFF)
     if tail is None or not known <= tail <= head:
         return known
-    while True:
-        first = first_key(open_)
-        if first is None or open_[first] >= tail:
-            return tail
-        del open_[first]
+    if fifo is not None:
+        while fifo and fifo[0] < tail:
+            fifo.popleft()
+    return tail
 
 
 class RingReader:

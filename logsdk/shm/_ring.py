@@ -31,6 +31,7 @@ Owner: see :class:`ShmRing`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import mmap
@@ -111,6 +112,7 @@ class ShmRing:
         # seq -> position of its unsettled frame, in ring order (a dict keeps insertion
         # order, and frames are written in position order): the first is the tail.
         self._open: dict[int, int] = {}
+        self._fifo: collections.deque[int] | None = None  # drained elsewhere: see follow_tail
         self._topics: dict[str, bytes] = {}
         self._settled: list[int] = []  # seqs settle() noted, not yet flagged in the ring
         #: ``settle(seq)``: the record ``seq`` is acknowledged or committed to the spool:
@@ -170,6 +172,8 @@ class ShmRing:
                 shm.close_fd()
                 raise
             ring.drained_elsewhere = drained_elsewhere
+            if drained_elsewhere:
+                ring._fifo = collections.deque()
             return ring
 
     @classmethod
@@ -338,7 +342,10 @@ class ShmRing:
         mm = self._mm
         mm[b + 12 : b + 24 + n] = body
         F3.pack_into(mm, b, REC, crc32(body), 0)  # magic and CRC last: see _frames
-        self._open[seq] = pos
+        if self._fifo is None:
+            self._open[seq] = pos
+        else:
+            self._fifo.append(pos)
         self._head = pos + size
         return True
 
@@ -404,7 +411,7 @@ class ShmRing:
         still in _open is at or past the tail and its flag byte is its own."""
         if self.drained_elsewhere:
             if not self.closed:
-                self._tail = follow_tail(self._mm, self._tail, self._head, self._open)
+                self._tail = follow_tail(self._mm, self._tail, self._head, self._fifo)
             return
         settled = self._settled
         n = len(settled)
@@ -451,7 +458,7 @@ class ShmRing:
     def pending(self) -> int:
         """Records in the ring that are neither acknowledged nor in the spool."""
         self.drain_settled()
-        return len(self._open)
+        return len(self._open) if self._fifo is None else len(self._fifo)
 
     def stats(self) -> dict[str, object]:
         """Gauges for ``LogProducer.stats()``."""
