@@ -298,14 +298,17 @@ def test_eight_gunicorn_workers_recycled_under_load_with_one_agent(
         proc = subprocess.Popen(cmd, env=env, cwd=SERVERS, start_new_session=True)
         try:
             wait_until(lambda: _listening(port), 30, "gunicorn listening", 0.1)
-            answered = [rid for rid in range(3000) if _answers(port, rid)]
+            failures: list[str] = []
+            answered = [rid for rid in range(3000) if _answers(port, rid, failures)]
+            t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
+            assert proc.wait(60) == 0, "gunicorn's exit status after SIGTERM"
+            stopped_in = time.monotonic() - t0
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        assert len(answered) == 3000
+        assert len(answered) == 3000, failures[:10]
 
         def rids() -> set[str]:
             out = set()
@@ -315,8 +318,11 @@ def test_eight_gunicorn_workers_recycled_under_load_with_one_agent(
                     out.add(str(doc["extra"]["rid"]))
             return out
 
-        wait_until(lambda: rids() == {str(r) for r in range(3000)}, 60, "every id in Kafka", 1)
-        wait_until(lambda: ring_names(spool) == [], 30, "every ring removed")
+        want = {str(r) for r in range(3000)}
+        wait_until(
+            lambda: not want - rids(), 120, f"every id in Kafka (stopped in {stopped_in:.1f} s)", 1
+        )
+        wait_until(lambda: ring_names(spool) == [], 60, "every ring removed")
 
 
 def _listening(port: int) -> bool:
@@ -324,16 +330,22 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _answers(port: int, rid: int) -> bool:
-    """One GET answered 200 (the request logs ``request <rid>``)."""
+def _answers(port: int, rid: int, failures: list[str]) -> bool:
+    """One GET answered 200 (the request logs ``request <rid>``); a failure described in
+    ``failures`` (what, after how long)."""
+    t0 = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         conn.request("GET", f"/?{rid}")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
+        status = conn.getresponse().status
+        what = f"status {status}"
+    except (OSError, http.client.HTTPException) as exc:
+        status, what = 0, repr(exc)
     finally:
         conn.close()
+    if status != 200:
+        failures.append(f"rid {rid}: {what} after {time.monotonic() - t0:.1f}s")
+    return status == 200
 
 
 def test_a_memory_broker_restart_the_agent_replaces_its_client(
