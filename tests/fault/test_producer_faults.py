@@ -292,7 +292,7 @@ def test_slow_replay_acknowledgements_are_not_a_stall(
         t0 = time.monotonic()
         wait_until(
             lambda: (s := p.stats())["state"] == "ONLINE" and s["spool_records"] == 0,
-            120,
+            240,
             "the spool replayed",
         )
         took = time.monotonic() - t0
