@@ -3,16 +3,10 @@ headless Chromium; a broken link, image or diagram, or a console error fails it.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import shutil
-import subprocess
-import sys
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,33 +37,6 @@ def why_not() -> str | None:
 
 
 pytestmark = pytest.mark.skipif(why_not() is not None, reason=str(why_not()))
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """The site built with --strict, served on 127.0.0.1: (base URL, its directory)."""
-    out = tmp_path_factory.mktemp("site")
-    built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-3000:]
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(out))
-    )
-    thread = threading.Thread(target=server.serve_forever, name="site", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", out
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def pages(out: Path) -> list[str]:
