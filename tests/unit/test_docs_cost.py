@@ -7,11 +7,12 @@ import importlib.util
 import json
 import re
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def hook():  # type: ignore[no-untyped-def]
+def hook() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         "cost_table", ROOT / "docs" / "hooks" / "cost_table.py"
     )
