@@ -16,7 +16,7 @@ Invariants owned here:
   (this step, then the ones registered with ``at_fork_in_child``, in order): it is paused
   across ``fork()`` and resumed as it was, in parent and child. A producer's hook buries
   its SQLite connections and shm mapping, which a collection must not free first;
-- no thread of logsdk is inside SQLite at the fork (:mod:`logsdk._sqlite`): the fork
+- no thread of logsdk is inside SQLite at the fork (`logsdk._sqlite`): the fork
   waits for those inside to leave and keeps the others out until it is done.
 """
 

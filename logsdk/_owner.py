@@ -1,22 +1,22 @@
 """One owner per piece of mutable state: a thread, checked while tests run.
 
-An object whose state one thread owns holds an :class:`Owner` and calls
-:meth:`Owner.check` at the top of every method another thread must not call. With the
-debug switch on (``LOGSDK_CHECK_OWNERS=1`` in the environment, or :func:`enable`), a call
-from any other thread raises :class:`~logsdk.errors.OwnershipError` at once, naming both
-threads, and is kept in :func:`violations` (a violation on a background thread, whose
+An object whose state one thread owns holds an `Owner` and calls
+`Owner.check()` at the top of every method another thread must not call. With the
+debug switch on (``LOGSDK_CHECK_OWNERS=1`` in the environment, or `enable()`), a call
+from any other thread raises [`OwnershipError`][logsdk.errors.OwnershipError] at once, naming both
+threads, and is kept in `violations()` (a violation on a background thread, whose
 exception that thread may catch and log, still fails the test that caused it: the pytest
 plugin looks at the list after each test). With it off (production), ``check`` is one
 function call and a test of a module global.
 
-Ownership moves only by :meth:`Owner.hand_to`, called by the owner itself (the thread
+Ownership moves only by `Owner.hand_to()`, called by the owner itself (the thread
 that built an object hands it to the thread that will run it), or by
-:meth:`Owner.take` once the owner has ended (``close()`` takes the spool after it joined
+`Owner.take()` once the owner has ended (``close()`` takes the spool after it joined
 the pump). The model is Chromium's ``SEQUENCE_CHECKER``: free in production, an immediate
 failure naming both threads in tests.
 
 The switch is read once, at import, from the environment (so that child processes started
-by a test inherit it); :func:`enable` turns it on in this process and its children later.
+by a test inherit it); `enable()` turns it on in this process and its children later.
 A forked child gets a lock of its own for the list of violations (a thread of the parent
 may have held the parent's at the fork).
 """
@@ -98,8 +98,8 @@ class Owner:
         return self._thread
 
     def check(self, op: str) -> None:
-        """Raise :class:`OwnershipError` when checking is on and the calling thread does not
-        own this state; ``op`` names what it tried."""
+        """Raise [`OwnershipError`][logsdk.errors.OwnershipError] when checking is on and the
+        calling thread does not own this state; ``op`` names what it tried."""
         if _checking:
             current = threading.current_thread()
             if current is not self._thread:
@@ -107,7 +107,7 @@ class Owner:
 
     def hand_to(self, thread: threading.Thread) -> None:
         """Make ``thread`` the owner. Only the owner may hand its state on (or any thread,
-        once the owner has ended: see :meth:`take`)."""
+        once the owner has ended: see `take()`)."""
         if _checking:
             current = threading.current_thread()
             if current is not self._thread and self._thread.is_alive():

@@ -4,22 +4,22 @@ SQLite keeps process-wide mutexes: its allocator's (taken by every ``sqlite3_mal
 unix VFS's list of open files. A thread inside SQLite holds one for a moment; ``fork()``
 copies it, held, into the child, where no thread will ever release it, and the child's
 first SQLite call (a forked producer opening its own slot) waits forever. Python's
-:mod:`sqlite3` releases the GIL for every call that does such work (open, prepare, step,
+`sqlite3` releases the GIL for every call that does such work (open, prepare, step,
 reset, finalize, close), so the GIL held by the forking thread is no protection; the calls
 that keep the GIL cannot be running at the fork, since the forking thread holds it.
 
 Invariants owned here:
 
-- every SQLite connection logsdk opens comes from :func:`connect` (a
-  :class:`GatedConnection`, whose cursors are :class:`GatedCursor`); each of their methods
-  that may release the GIL inside SQLite runs inside :data:`GATE`, and so does freeing
+- every SQLite connection logsdk opens comes from `connect()` (a
+  `GatedConnection`, whose cursors are `GatedCursor`); each of their methods
+  that may release the GIL inside SQLite runs inside `GATE`, and so does freeing
   one that was left open (``__del__``);
-- the fork hook (:mod:`logsdk._fork`) closes :data:`GATE` and waits until no thread is
-  inside before ``fork()`` (at most :data:`FORK_WAIT_S`: past that it warns and forks);
+- the fork hook (`logsdk._fork`) closes `GATE` and waits until no thread is
+  inside before ``fork()`` (at most `FORK_WAIT_S`: past that it warns and forks);
   threads that want in meanwhile wait outside, holding no SQLite mutex; the gate opens
   again after the fork in the parent, and starts afresh in the child;
 - a thread kept out waits for the fork's own wait (bounded), then at most
-  :data:`ENTRY_WAIT_S` more: after its hook the forking thread runs the other before-fork
+  `ENTRY_WAIT_S` more: after its hook the forking thread runs the other before-fork
   hooks (``logging`` takes its module lock, ``fork()`` the import lock), and a thread kept
   out may hold one of those locks (a handler closed inside ``dictConfig``); it goes in
   then (counted in ``barged``), the fork takes its lock and goes on, rather than both
@@ -143,7 +143,7 @@ GATE = _Gate()
 
 
 class GatedCursor(sqlite3.Cursor):
-    """A cursor whose calls into SQLite run inside :data:`GATE`."""
+    """A cursor whose calls into SQLite run inside `GATE`."""
 
     def execute(self, sql: str, parameters: Any = (), /) -> GatedCursor:
         GATE.run(super().execute, sql, parameters)
@@ -183,8 +183,8 @@ class GatedCursor(sqlite3.Cursor):
 
 
 class GatedConnection(sqlite3.Connection):
-    """A connection whose calls into SQLite run inside :data:`GATE`; its cursors are
-    :class:`GatedCursor`."""
+    """A connection whose calls into SQLite run inside `GATE`; its cursors are
+    `GatedCursor`."""
 
     def cursor(self, factory: Any = GatedCursor) -> Any:
         return super().cursor(factory)
@@ -227,7 +227,7 @@ class GatedConnection(sqlite3.Connection):
 
 
 def connect(database: str | bytes | Any, **kwargs: Any) -> GatedConnection:
-    """:func:`sqlite3.connect` for logsdk: a :class:`GatedConnection` (same arguments)."""
+    """`sqlite3.connect()` for logsdk: a `GatedConnection` (same arguments)."""
     conn = GATE.run(sqlite3.connect, database, factory=GatedConnection, **kwargs)
     assert isinstance(conn, GatedConnection)
     return conn

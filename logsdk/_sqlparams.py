@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-#: What :func:`blob_params` binds for None: SQLite turns a NaN into NULL.
+#: What `blob_params()` binds for None: SQLite turns a NaN into NULL.
 NULL = float("nan")
 _BUFFERS = frozenset({bytes, bytearray, memoryview})
 _WITH_NONE = _BUFFERS | {type(None)}
@@ -21,7 +21,7 @@ _WITH_NONE = _BUFFERS | {type(None)}
 
 def blob_params(column: Sequence[object]) -> list[object]:
     """A column of blobs as parameters: bytes-like values as bytearrays, None as
-    :data:`NULL`. A column holding anything else (a str a Spark query wrote, say) is
+    `NULL`. A column holding anything else (a str a Spark query wrote, say) is
     returned as it is, to be bound as before."""
     kinds = set(map(type, column))
     if kinds <= _BUFFERS:

@@ -1,8 +1,8 @@
 """Typed errors raised by logsdk.
 
-Every error the SDK raises derives from :class:`LogSDKError`, so an application
-can catch the SDK's failures with one ``except``. Errors carry behaviour
-attributes (``retriable``) so callers branch on what to do, not on the class::
+Every error the SDK raises derives from [`LogSDKError`][logsdk.errors.LogSDKError], so an
+application can catch the SDK's failures with one ``except``. Errors carry behaviour
+attributes (``retriable``) so callers branch on what to do, not on the class:
 
     LogSDKError
     ├── ConfigError (also ValueError)        bad argument or setting: fix the call

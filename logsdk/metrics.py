@@ -1,10 +1,12 @@
 """Prometheus metrics for ``LogProducer.stats()`` and ``LogConsumer.stats()`` (extra ``metrics``).
 
 Every ``stats()`` key is documented here as a counter (only ever grows during the
-object's life) or a gauge (a current value), in :data:`PRODUCER_METRICS` and
-:data:`CONSUMER_METRICS`. :class:`PrometheusExporter` serves them over HTTP; its
-collector calls ``stats()`` at scrape time, so nothing copies numbers in the
-background and a scrape always sees the current values::
+object's life) or a gauge (a current value), in
+[`PRODUCER_METRICS`][logsdk.metrics.PRODUCER_METRICS] and
+[`CONSUMER_METRICS`][logsdk.metrics.CONSUMER_METRICS].
+[`PrometheusExporter`][logsdk.metrics.PrometheusExporter] serves them over HTTP; its collector calls
+``stats()`` at scrape time, so nothing copies numbers in the background and a scrape always sees the
+current values:
 
     from logsdk.metrics import PrometheusExporter
 
@@ -12,7 +14,7 @@ background and a scrape always sees the current values::
         ...   # curl http://127.0.0.1:9464/metrics
 
 Or register the collector in an existing registry (e.g. the default one that
-``prometheus_client.start_http_server`` already serves)::
+``prometheus_client.start_http_server`` already serves):
 
     from prometheus_client import REGISTRY
     REGISTRY.register(StatsCollector([producer]))
@@ -269,9 +271,11 @@ def _samples(doc: MetricDoc, raw: Any) -> list[tuple[dict[str, str], float]]:
 class PrometheusExporter:
     """Serve the metrics of producers and consumers on ``http://addr:port/metrics``.
 
-    Nothing is started by the constructor; :meth:`start` (or ``with``) binds the port
-    (``port=0`` picks a free one, see :attr:`port`) and serves from a daemon thread;
-    :meth:`close` stops it. A registry of its own is used unless ``registry`` is given.
+    Nothing is started by the constructor; [`start()`][logsdk.metrics.PrometheusExporter.start] (or
+    ``with``) binds the port (``port=0`` picks a free one, see
+    [`port`][logsdk.metrics.PrometheusExporter.port]) and serves from a daemon thread;
+    [`close()`][logsdk.metrics.PrometheusExporter.close] stops it. A registry of its own is used
+    unless ``registry`` is given.
     """
 
     def __init__(
@@ -312,7 +316,7 @@ class PrometheusExporter:
 
     @property
     def port(self) -> int:
-        """The port it serves on (after :meth:`start`)."""
+        """The port it serves on (after [`start()`][logsdk.metrics.PrometheusExporter.start])."""
         if self._server is None:
             raise ConfigError("the exporter is not started; call start()")
         return int(self._server.server_port)

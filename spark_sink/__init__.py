@@ -2,11 +2,12 @@
 
 - ``logsdk-kafka``: a Python data source (stream and batch) over confluent-kafka.
 - ``logsdk-sink``: a streaming sink applying each batch once through a
-  :class:`~logsdk.TransactionalHandler` (e.g. :class:`~logsdk.sinks.SQLiteSink`).
-- :class:`ForeachBatchSink`: the same guarantee through ``foreachBatch``.
-- :mod:`spark_sink.logs`: parse and dedupe the JSON records of ``KafkaHandler``.
+  [`TransactionalHandler`][logsdk.TransactionalHandler] (e.g.
+  [`SQLiteSink`][logsdk.sinks.SQLiteSink]).
+- [`ForeachBatchSink`][spark_sink.ForeachBatchSink]: the same guarantee through ``foreachBatch``.
+- `spark_sink.logs`: parse and dedupe the JSON records of ``KafkaHandler``.
 
-Call :func:`register` once per SparkSession. Names are imported lazily, so
+Call [`register()`][spark_sink.register] once per SparkSession. Names are imported lazily, so
 ``spark_sink._options`` (offset planning) works without pyspark.
 """
 

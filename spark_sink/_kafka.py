@@ -2,7 +2,7 @@
 offsets (driver) and reading one offset range into Arrow record batches (executors).
 
 Clients are never pickled: the driver's is created on first use, the executor's inside
-:func:`read_range`. No consumer group is joined and nothing is committed: offsets live
+`read_range()`. No consumer group is joined and nothing is committed: offsets live
 in Spark's checkpoint.
 """
 
@@ -32,7 +32,7 @@ log = logging.getLogger("spark_sink")
 #: the options, which are pickled to the executors.
 rdlog = logging.getLogger("logsdk.librdkafka")
 
-#: The Arrow schema of the rows read (matches :data:`spark_sink._source.SCHEMA`).
+#: The Arrow schema of the rows read (matches `spark_sink._source.SCHEMA`).
 ARROW_SCHEMA = pa.schema(
     [
         ("key", pa.binary()),
@@ -113,7 +113,7 @@ class DriverClient:
         ``subscribe`` that the cluster does not have.
 
         A topic absent from the listing, or listed as unknown, is gone; one listed with
-        any other error raises :class:`SourceUnavailableError` (transient), so that a
+        any other error raises `SourceUnavailableError` (transient), so that a
         leader election or a broker restart is never taken for a deleted topic.
         """
         try:
@@ -219,7 +219,7 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator[pa.RecordBa
     """Read ``[rng.start, rng.end)`` of one partition as Arrow record batches.
 
     Assign + explicit offset; no group, no commit. Records deleted before they were
-    read (offset out of range) fail the task with :class:`DataLossError`, or with
+    read (offset out of range) fail the task with `DataLossError`, or with
     ``failOnDataLoss=false`` are skipped with a warning. Gaps inside the range
     (compaction, transaction markers) are normal and end at end-of-partition.
     """

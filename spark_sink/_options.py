@@ -2,7 +2,7 @@
 
 Offsets travel through Spark's checkpoint as JSON ``{"topic": {"partition": offset}}``
 (the shape of Spark's own Kafka source). Spark compares a new end offset with the last
-one *as a string*, so every offset dict handed to Spark is built by :func:`to_json_dict`:
+one *as a string*, so every offset dict handed to Spark is built by `to_json_dict()`:
 topics sorted, partitions sorted numerically, keys strings. Two equal offset maps
 therefore always serialise to the same text; otherwise Spark sees a "new" offset and
 runs empty batches forever.
@@ -175,7 +175,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     """Validate the options given to ``spark.readStream.format("logsdk-kafka")``.
 
     Option names are case-insensitive (Spark lower-cases them). Raises
-    :class:`~logsdk.errors.SparkSourceError` naming the option at fault.
+    [`SparkSourceError`][logsdk.errors.SparkSourceError] naming the option at fault.
     """
     opts = {str(k).lower(): str(v) for k, v in options.items()}
     kafka: ClientConfig = {}
@@ -268,7 +268,7 @@ def to_json_dict(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
 
 
 def from_json_dict(doc: Mapping[str, Any]) -> dict[TP, int]:
-    """The inverse of :func:`to_json_dict` (accepts any key order)."""
+    """The inverse of `to_json_dict()` (accepts any key order)."""
     out: dict[TP, int] = {}
     for topic, parts in doc.items():
         for p, off in parts.items():

@@ -126,7 +126,7 @@ def apply_batch(
 def records_from_arrow(
     table: pa.Table | pa.RecordBatch, sink_id: str, *, batch_id: int, task: int
 ) -> list[Record]:
-    """Rows as :class:`~logsdk.Record`.
+    """Rows as [`Record`][logsdk.Record].
 
     Rows with Spark's Kafka columns (``topic``, ``partition``, ``offset``, ``value``;
     optionally ``key``, ``timestamp``, ``headers``) become the records they were read
@@ -134,7 +134,7 @@ def records_from_arrow(
     offset=batch_id << ROW_BITS | <index among the task's rows>, key=None,
     value=<the row as a JSON object>)``: ``task`` is the Spark task's partition id
     (unique within a batch), so no two rows of a sink ever share (topic, partition,
-    offset). An identity that would not fit a 64-bit offset raises :class:`SinkError`.
+    offset). An identity that would not fit a 64-bit offset raises `SinkError`.
     """
     names = set(table.schema.names)
     n = table.num_rows
@@ -223,7 +223,7 @@ class SinkOptions:
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
-        """Check the options; raise :class:`SparkSourceError` naming a bad one."""
+        """Check the options; raise `SparkSourceError` naming a bad one."""
         opts = {str(k).lower(): str(v) for k, v in options.items()}
         for key in opts:
             if key not in _SINK_OPTIONS and key not in _SPARK_OWN and not key.startswith(PREFIX):
@@ -361,13 +361,13 @@ def _close(handler: object) -> None:
 class HandlerSink(DataSource):
     """``df.writeStream.format("logsdk-sink")``: exactly-once into a TransactionalHandler.
 
-    Options: ``handler`` (from :func:`encode_handler`) or ``sqlite.path`` (with
-    ``sqlite.table``, ``sqlite.dedupe``, ``sqlite.synchronous``: OFF, NORMAL (the
-    default), FULL or EXTRA) for :class:`~logsdk.sinks.SQLiteSink`;
+    Options: ``handler`` (from [`encode_handler()`][spark_sink.encode_handler]) or ``sqlite.path``
+    (with ``sqlite.table``, ``sqlite.dedupe``, ``sqlite.synchronous``: OFF, NORMAL (the
+    default), FULL or EXTRA) for [`SQLiteSink`][logsdk.sinks.SQLiteSink];
     ``sinkId`` (default: the query id); ``stagingDir`` (default: the temp dir; on a
     cluster, storage the executors and the driver share: an ``s3://``, ``gs://`` or
     ``hdfs://`` URI) and ``staging.*``, its filesystem's options (see
-    :mod:`spark_sink._staging`).
+    `spark_sink._staging`).
     """
 
     def __init__(self, options: dict[str, str]) -> None:

@@ -2,7 +2,7 @@
 
 Offsets are planned on the driver (the reader instance Spark keeps in its source
 runner process) and each ``[start, end)`` range is read on an executor by
-:func:`spark_sink._kafka.read_range`. The reader is pickled to the executors, so it
+`spark_sink._kafka.read_range()`. The reader is pickled to the executors, so it
 holds no client: the driver's is created on first use and dropped in ``__getstate__``.
 """
 
@@ -104,7 +104,7 @@ class _Planner:
         return marks
 
     def marks_and_missing(self) -> tuple[dict[TP, tuple[int, int]], list[str]]:
-        """:meth:`marks`, and the named topics that do not exist instead of an error."""
+        """`marks()`, and the named topics that do not exist instead of an error."""
         now = time.monotonic()
         if self._marks is None or now - self._marks[0] > FRESH_S:
 
@@ -326,7 +326,7 @@ class KafkaSource(DataSource):
     """``spark.readStream.format("logsdk-kafka")`` (and ``spark.read``).
 
     Options are checked here, so a bad one fails ``load()`` with a
-    :class:`~logsdk.errors.SparkSourceError` that names it.
+    [`SparkSourceError`][logsdk.errors.SparkSourceError] that names it.
     """
 
     def __init__(self, options: dict[str, str]) -> None:

@@ -3,7 +3,7 @@
 Each write task (an executor) writes its rows as one Arrow IPC stream file; the driver's
 ``commit`` reads the files its commit messages name. On one machine that is a local
 directory; on a cluster it must be storage every executor and the driver reach: an
-object store or HDFS, through :mod:`pyarrow.fs`.
+object store or HDFS, through `pyarrow.fs`.
 
 ``stagingDir`` is a local path or a URI: ``file:``, ``s3://bucket/prefix`` (also
 ``s3a://``), ``gs://bucket/prefix`` (also ``gcs://``), ``hdfs://host:port/path``.
@@ -17,7 +17,7 @@ A ``file`` URI names the path pyarrow's ``FileSystem.from_uri`` gives for it, in
 form (``file:/p``, ``file:///p``, escapes such as ``%20``; a query or fragment is not part of
 the path), and ``file://localhost/p`` names ``/p`` as ``file:///p`` does (RFC 8089; pyarrow
 refuses every host); a form pyarrow refuses (relative, another host, a user, a bad escape)
-fails :meth:`Staging.parse`. So the driver and every executor resolve the same absolute
+fails `Staging.parse()`. So the driver and every executor resolve the same absolute
 path, whatever their working directory.
 
 A file is whole when a reader sees it: on a local filesystem it is written as ``.tmp``

@@ -45,7 +45,7 @@ LOG_SCHEMA = StructType(
     ]
 )
 
-#: Columns added by :func:`parse_logs`.
+#: Columns added by `parse_logs()`.
 LOG_COLUMNS = (
     "ts",
     "level",
@@ -64,7 +64,7 @@ LOG_COLUMNS = (
 
 def _warn_without_headers(df: DataFrame, what: str) -> None:
     """Say so when Kafka rows come without their headers: ``producer`` and ``seq`` are
-    then null, and :func:`dedupe` cannot drop a producer's retries (Spark's own Kafka
+    then null, and `dedupe()` cannot drop a producer's retries (Spark's own Kafka
     source leaves the headers out unless ``includeHeaders`` is true)."""
     if "headers" not in df.columns and {"topic", "partition", "offset"} <= set(df.columns):
         log.warning(
@@ -128,7 +128,7 @@ def parse_logs(df: DataFrame, *, value_col: str = "value") -> DataFrame:
     return out.drop("__log")
 
 
-#: One OTLP log record, as :func:`parse_otlp` adds it (attribute values as JSON text).
+#: One OTLP log record, as `parse_otlp()` adds it (attribute values as JSON text).
 OTLP_SCHEMA = StructType(
     [
         StructField("ts", TimestampType()),
@@ -227,7 +227,7 @@ def parse_otlp(
 def dedupe(df: DataFrame, *, watermark: str = "10 minutes", event_time: str = "ts") -> DataFrame:
     """Drop records sent twice by a producer: same (``producer``, ``seq``) within ``watermark``.
 
-    Run it on :func:`parse_logs` or :func:`parse_otlp` output (the latter keyed by
+    Run it on `parse_logs()` or `parse_otlp()` output (the latter keyed by
     (``producer``, ``seq``, ``log_index``): the log records of one Kafka record share its
     headers). Records without the headers are never
     dropped (each is keyed by its own topic/partition/offset, or kept as is when those

@@ -1,8 +1,9 @@
 """MkDocs hook: the configuration reference follows the code.
 
-In ``configuration.md`` the tables of ``LogProducer`` and ``LogConsumer`` settings keep
-their hand-written meanings, but their names and defaults come from the code
-(``ProducerConfig``'s fields, ``LogConsumer.__init__``'s signature): a default is written
+In ``configuration.md`` the tables of ``LogProducer``, ``KafkaHandler`` and ``LogConsumer``
+settings keep their hand-written meanings, but their names and defaults come from the code
+(``ProducerConfig``'s fields, the signatures of ``KafkaHandler.__init__`` and
+``LogConsumer.__init__``): a default is written
 from the code at every build, and a setting missing from a table, or a row naming no
 setting, fails the build.
 """
@@ -15,6 +16,7 @@ import re
 from typing import Any
 
 from logsdk import LogConsumer
+from logsdk.integrations.logging import KafkaHandler
 from logsdk.producer._config import ProducerConfig
 
 _ROW = re.compile(r"^\| `([a-z_]+)`((?:, `[a-z_]+`)*) \| ([^|]*) \|(.*)$")
@@ -48,13 +50,17 @@ def _producer_defaults() -> dict[str, Any]:
     return out
 
 
-def _consumer_defaults() -> dict[str, Any]:
-    sig = inspect.signature(LogConsumer.__init__)
+def _signature_defaults(init: Any) -> dict[str, Any]:
+    """The named parameters of ``init`` and their defaults (``**kwargs`` left out)."""
     return {
         name: _REQUIRED if p.default is inspect.Parameter.empty else p.default
-        for name, p in sig.parameters.items()
-        if name != "self"
+        for name, p in inspect.signature(init).parameters.items()
+        if name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
     }
+
+
+def _consumer_defaults() -> dict[str, Any]:
+    return _signature_defaults(LogConsumer.__init__)
 
 
 def _fill(markdown: str, heading: str, defaults: dict[str, Any]) -> str:
@@ -92,4 +98,5 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     if page.file.src_uri != "configuration.md":
         return markdown
     markdown = _fill(markdown, "`LogProducer(", _producer_defaults())
+    markdown = _fill(markdown, "`KafkaHandler(", _signature_defaults(KafkaHandler.__init__))
     return _fill(markdown, "`LogConsumer(", _consumer_defaults())

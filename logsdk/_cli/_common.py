@@ -118,7 +118,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def err(message: str) -> None:
     """One line on stderr, prefixed like argparse's own messages; a line that only repeats
-    one said in the last minute (numbers aside) is folded (:data:`REPEATS`)."""
+    one said in the last minute (numbers aside) is folded (`REPEATS`)."""
     if REPEATS.first(message):
         print(f"logsdk: {message}", file=sys.stderr, flush=True)
 
@@ -128,9 +128,9 @@ class RepeatFolder(logging.Filter):
     Connection refused" each time it retries (194 lines in 10 s against a broker that was
     down). Two lines are the same when they differ only by their numbers, once the
     client's and thread's names are set aside; the same line comes out again after
-    ``window`` seconds with the count of repeats, and :meth:`summary` says what was held
+    ``window`` seconds with the count of repeats, and `summary()` says what was held
     back when the command ends. As a logging filter it folds what goes through a handler;
-    :meth:`first` folds lines printed another way (a client's error callback). One
+    `first()` folds lines printed another way (a client's error callback). One
     command runs on one main thread, but librdkafka's log lines come from its threads:
     the table is guarded by a lock."""
 
@@ -151,7 +151,7 @@ class RepeatFolder(logging.Filter):
 
     def first(self, text: str) -> bool:
         """True when ``text`` is to be said now: new, or a repeat after the window (then
-        with the count added by :meth:`filter`, or by the caller from :meth:`repeats`)."""
+        with the count added by `filter()`, or by the caller from `repeats()`)."""
         k = self.key(text)
         now = time.monotonic()
         with self._lock:
@@ -169,7 +169,7 @@ class RepeatFolder(logging.Filter):
         return self.first(record.getMessage())
 
     def clear(self) -> None:
-        """Forget what was said (after :meth:`summary` was printed)."""
+        """Forget what was said (after `summary()` was printed)."""
         with self._lock:
             self._seen.clear()
 

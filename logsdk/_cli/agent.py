@@ -1,5 +1,5 @@
 """``logsdk agent``: drain the shared-memory rings of a spool root to Kafka, in the
-foreground, until SIGTERM or Ctrl-C (:mod:`logsdk.agent._agent`)."""
+foreground, until SIGTERM or Ctrl-C (`logsdk.agent._agent`)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 drain it.
 
 The command line's part: the arguments, what is printed, the exit status. What is read
-from the slots, and how, is the library's (:mod:`logsdk.spool._status`,
-:mod:`logsdk.spool._check`); its warnings are printed here as ``logsdk: warning: ...``.
+from the slots, and how, is the library's (`logsdk.spool._status`,
+`logsdk.spool._check`); its warnings are printed here as ``logsdk: warning: ...``.
 """
 
 from __future__ import annotations

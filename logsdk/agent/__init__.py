@@ -1,2 +1,2 @@
 """``logsdk agent``: one process per host (per spool root) that drains the shared-memory
-rings of every ``LogProducer(delivery="agent")`` to Kafka (:mod:`logsdk.agent._agent`)."""
+rings of every ``LogProducer(delivery="agent")`` to Kafka (`logsdk.agent._agent`)."""

@@ -2,7 +2,7 @@
 
 One thread (``logsdk-agent``) owns everything that changes: the ring readers, the client
 (its delivery reports run in that thread's ``poll()``), the spools, the sources
-(:mod:`logsdk.agent._source`). A second thread (``logsdk-agent-probe``) only probes Kafka
+(`logsdk.agent._source`). A second thread (``logsdk-agent-probe``) only probes Kafka
 while it is down and sets an event when it answers. The main thread starts and stops.
 
 A step of the agent's thread: look for rings that appeared or whose writer died (every
@@ -17,8 +17,8 @@ made at once, answers).
 
 Invariants:
 - a record leaves a ring only once Kafka acknowledged it or a spool committed it (the
-  sources hold it: :mod:`logsdk.agent._source`);
-- one agent per spool root (:mod:`logsdk.agent._lock`), taken before anything is read;
+  sources hold it: `logsdk.agent._source`);
+- one agent per spool root (`logsdk.agent._lock`), taken before anything is read;
 - stop(): no new record is taken; the agent waits for what is in librdkafka, at most its
   timeout, commits what failed to the spools; what is left stays in the rings (unsettled:
   read again by the next agent, a duplicate at worst) and in the spools.
@@ -131,7 +131,7 @@ class Agent:
     # -- life ------------------------------------------------------------------------------
 
     def start(self) -> Agent:
-        """Take the spool root's lock (:class:`~logsdk.errors.AgentLockedError` when another
+        """Take the spool root's lock (`AgentLockedError` when another
         agent holds it) and start the threads."""
         self._lock = AgentLock.take(self._root)
         try:

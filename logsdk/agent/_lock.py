@@ -4,11 +4,11 @@ which holds the pid of the agent that took it.
 Invariants:
 - the lock goes with the process (a crash, a SIGKILL free it for the next agent);
 - the pid in the file only names the holder in messages; the ``flock`` is the lock;
-- :func:`agent_running` answers for a moment, without taking the lock for longer than
+- `agent_running()` answers for a moment, without taking the lock for longer than
   the question (a shared lock tried and dropped at once): applications use it to warn
   when no agent drains their ring.
 
-Owner: an :class:`AgentLock` belongs to the thread that took it (the agent's main
+Owner: an `AgentLock` belongs to the thread that took it (the agent's main
 thread); the functions are for any thread.
 """
 
@@ -46,7 +46,7 @@ class AgentLock:
     @classmethod
     def take(cls, root: str | os.PathLike[str]) -> AgentLock:
         """Take the lock of ``root`` (creating ``root/agent``, mode 0700) and write this
-        pid in it. Raises :class:`AgentLockedError` naming the live holder."""
+        pid in it. Raises `AgentLockedError` naming the live holder."""
         d = agent_dir(root)
         try:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ Invariants:
 - the spool holds at most ``spool_max_bytes`` (counted as the producer's spool counts):
   past it, records wait in their ring (whose ``when_full`` then applies in the
   application);
-- a record is checked before it is produced or spooled (:func:`check_row`): a topic
+- a record is checked before it is produced or spooled (`check_row()`): a topic
   Kafka would refuse or a header the SDK owns makes it refused, never sent.
 
 Owner: the agent's thread (``logsdk-agent``), which made the source; nothing else calls
@@ -92,7 +92,7 @@ class Source:
         self.replaying = 0
         #: The last spool row id produced by the replay under way (0: from the first).
         self.replay_after = 0
-        #: Filled by delivery reports, emptied after each poll (:meth:`after_poll`).
+        #: Filled by delivery reports, emptied after each poll (`after_poll()`).
         self.acked: list[int] = []
         self.failed: list[tuple[int, Row]] = []
         self.refused: list[tuple[int, Row, str]] = []
@@ -204,7 +204,7 @@ class Source:
         return self.reader is None and self.replaying == 0 and self.spooled == 0
 
     def remove(self) -> None:
-        """:meth:`done`: close and remove the spool."""
+        """`done()`: close and remove the spool."""
         if self.spool is not None:
             self.spool.close()
             self.spool = None

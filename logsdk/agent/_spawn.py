@@ -8,7 +8,7 @@ does not reach it), its output appended to ``<root>/agent/agent.log``.
 
 Invariants:
 - at most one agent runs per spool root whatever the race: several workers starting at
-  once may each start one; the lock (:mod:`logsdk.agent._lock`) lets one run and the
+  once may each start one; the lock (`logsdk.agent._lock`) lets one run and the
   others exit at once (status 1, one line in the log);
 - the librdkafka properties (secrets included) go to the agent through its environment
   (``LOGSDK_AGENT_KAFKA_CONFIG``, JSON), readable by the same user only, never through

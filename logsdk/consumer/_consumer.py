@@ -3,7 +3,7 @@
 Fork: a forked child gives every consumer it inherited locks, events and counters of its
 own (a thread of the parent may have held one at the fork). One started in the parent is
 the parent's: its threads did not follow the fork and its clients are kept, never used,
-by :mod:`logsdk._fork`; in the child it is stopped (``stop()`` returns at once,
+by `logsdk._fork`; in the child it is stopped (``stop()`` returns at once,
 ``stats()`` gives the counts at the fork, ``start()`` refuses). One never started starts
 in the child as a new consumer.
 """
@@ -75,11 +75,12 @@ class LogConsumer:
     while still polling, so the member never leaves the group); ``workers`` threads (or
     processes, ``executor="process"``) run ``handler`` on batches in the chosen
     ``ordering``; a global offset map commits, per partition, the oldest unfinished
-    offset. Nothing starts until :meth:`start` or :meth:`run`.
+    offset. Nothing starts until [`start()`][logsdk.LogConsumer.start] or
+    [`run()`][logsdk.LogConsumer.run].
 
-    ``handler`` is a :class:`~logsdk.Handler` (``process(records)``), a plain function
+    ``handler`` is a [`Handler`][logsdk.Handler] (``process(records)``), a plain function
     called once per record, or for ``semantics="exactly_once"`` a
-    :class:`~logsdk.TransactionalHandler`.
+    [`TransactionalHandler`][logsdk.TransactionalHandler].
 
     ``rebalance`` is the group protocol: ``"cooperative"`` (the classic protocol with the
     cooperative-sticky assignor: a rebalance takes only the partitions that move),
@@ -90,8 +91,9 @@ class LogConsumer:
     their done offsets are committed and their queued records dropped; partitions lost
     (the member was fenced) are never committed.
 
-    :meth:`start`, :meth:`stop`, :meth:`run` and :meth:`stats` may be called from any
-    thread; a start and a stop never overlap (a stop during a start waits for it).
+    [`start()`][logsdk.LogConsumer.start], [`stop()`][logsdk.LogConsumer.stop],
+    [`run()`][logsdk.LogConsumer.run] and [`stats()`][logsdk.LogConsumer.stats] may be called from
+    any thread; a start and a stop never overlap (a stop during a start waits for it).
     """
 
     def __init__(
@@ -417,7 +419,8 @@ class LogConsumer:
         self._stopped.set()
 
     def run(self, timeout: float | None = None) -> None:
-        """Start and block until SIGINT/SIGTERM, :meth:`stop` or ``timeout`` seconds.
+        """Start and block until SIGINT/SIGTERM, [`stop()`][logsdk.LogConsumer.stop] or ``timeout``
+        seconds.
 
         Raises the error that stopped the consumer (e.g. PoisonRecordError), if any.
         """

@@ -47,19 +47,19 @@ class FetchSettings:
 
 
 class Fetcher:
-    """Owns the Kafka consumer; runs on its own thread until :meth:`request_stop`.
+    """Owns the Kafka consumer; runs on its own thread until `request_stop()`.
 
     Built on the caller's thread, which subscribes and then hands the client to the fetch
-    thread (:meth:`start`); only that thread touches the client, and the loop's own state
+    thread (`start()`); only that thread touches the client, and the loop's own state
     (``paused``, the fill clock, the record size average, ``metadata_supported``, the
     commit metadata cap learned from the broker, the asynchronous commit under way) from
     then on; the client's callbacks (rebalances, commit results) run on it too, inside
     its poll. ``paused`` and
     ``metadata_supported`` are published gauges (any thread reads them);
     ``high_watermarks``, ``committed`` and the assigned set are read by other
-    threads under ``_lock`` (:meth:`snapshot`, :meth:`assigned`). Other threads may call
-    :meth:`request_stop`, :meth:`request_rewind` (a queue), :meth:`join`, :meth:`alive`,
-    :meth:`snapshot` and :meth:`assigned`; :meth:`close` once the thread has ended.
+    threads under ``_lock`` (`snapshot()`, `assigned()`). Other threads may call
+    `request_stop()`, `request_rewind()` (a queue), `join()`, `alive()`,
+    `snapshot()` and `assigned()`; `close()` once the thread has ended.
     """
 
     def __init__(
@@ -348,7 +348,7 @@ class Fetcher:
 
     def _commit_in_background(self) -> None:
         """The periodic commit: asynchronous, its result served by a later poll
-        (:meth:`on_commit`), one at a time. Waiting for it would hold the fetch thread, and
+        (`on_commit()`), one at a time. Waiting for it would hold the fetch thread, and
         with it the fetching of every partition, as long as the coordinator holds the
         request: through the whole second round of a cooperative rebalance (a commit
         waited 0.65-0.79 s there, measured, while no partition of the member was fetched)."""
@@ -373,7 +373,7 @@ class Fetcher:
         self._inflight = (payload, time.monotonic())
 
     def on_commit(self, error: ConsumerError | None) -> None:
-        """The result of the commit :meth:`_commit_in_background` sent (inside poll)."""
+        """The result of the commit `_commit_in_background()` sent (inside poll)."""
         if self._inflight is None:
             return
         payload, _ = self._inflight

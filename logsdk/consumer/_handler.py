@@ -39,7 +39,7 @@ class TransactionalHandler(Handler, Protocol):
     def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Make the last ``process`` batch and ``offsets`` (next offset to read) durable at once.
 
-        Raise :class:`~logsdk.errors.FencedError` when the store shows another owner has
+        Raise [`FencedError`][logsdk.errors.FencedError] when the store shows another owner has
         moved the partition on (a zombie commit): the batch is then rolled back.
         """
 

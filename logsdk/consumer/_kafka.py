@@ -1,7 +1,7 @@
 """The thin typed wrapper over confluent-kafka: the only consumer module that touches it.
 
-It turns ``Message`` objects into :class:`Record` (lazily, see ``to_columns``),
-``KafkaError``/``KafkaException`` into :class:`~logsdk.errors.ConsumerError`, and offsets
+It turns ``Message`` objects into `Record` (lazily, see ``to_columns``),
+``KafkaError``/``KafkaException`` into [`ConsumerError`][logsdk.errors.ConsumerError], and offsets
 into ``(topic, partition)`` keys.
 """
 
@@ -91,7 +91,7 @@ def to_columns(msgs: list[Message]) -> RecordColumns:
 
 
 def to_records(msgs: list[Message]) -> list[Record]:
-    """Convert fetched messages to :class:`Record` (what a handler sees)."""
+    """Convert fetched messages to `Record` (what a handler sees)."""
     return list(map(Record, *to_columns(msgs)))
 
 
@@ -159,8 +159,8 @@ def commit_failure(
     with_text: list[TopicPartition],
 ) -> ConsumerError | None:
     """What an offset commit's result means: None when it succeeded,
-    :class:`CommitMetadataTooLargeError` (the partitions whose text was refused, or
-    ``with_text`` when librdkafka names none) or :class:`ConsumerError`."""
+    `CommitMetadataTooLargeError` (the partitions whose text was refused, or
+    ``with_text`` when librdkafka names none) or `ConsumerError`."""
     if err is not None and err.code() == KafkaError.OFFSET_METADATA_TOO_LARGE:
         return CommitMetadataTooLargeError(
             f"the broker refused offset commit metadata as too large: {err.str()}", with_text
@@ -184,18 +184,18 @@ class KafkaConsumerClient:
     """A confluent-kafka ``Consumer`` as the fetch thread uses it (call it from that thread).
 
     A librdkafka consumer is not to be shared by threads: it is owned by one thread
-    (:attr:`owner`), checked at every method that calls into it while ownership is
-    checked (:mod:`logsdk._owner`). The thread that builds it owns it until it hands it
+    (`owner`), checked at every method that calls into it while ownership is
+    checked (`logsdk._owner`). The thread that builds it owns it until it hands it
     on (the fetcher hands it to the fetch thread before starting it, and takes it back
-    once that thread has ended). The rebalance callbacks run inside :meth:`poll` and
-    :meth:`close`, on the owner. ``errors`` and ``last_error`` are written by the owner
+    once that thread has ended). The rebalance callbacks run inside `poll()` and
+    `close()`, on the owner. ``errors`` and ``last_error`` are written by the owner
     only (published gauges: any thread may read them).
 
     ``incremental``: the group's protocol hands out deltas (cooperative-sticky, or the
     consumer group protocol): the callbacks get the partitions added or taken, and answer
     with ``incremental_assign`` / ``incremental_unassign``; else whole assignments,
     answered with ``assign`` / ``unassign`` (eager). ``on_commit`` gets the result of each
-    asynchronous commit (None, or the error), inside :meth:`poll`.
+    asynchronous commit (None, or the error), inside `poll()`.
     """
 
     def __init__(
@@ -301,7 +301,7 @@ class KafkaConsumerClient:
 
         Non-fatal errors are counted, fatal ones raise. The per-record work is done by
         C-level ``map`` calls; messages become records only when a handler reads them
-        (:func:`to_columns`, through a :class:`~logsdk.consumer._records.RecordBatch`).
+        (`to_columns()`, through a `RecordBatch`).
         """
         self.owner.check("poll")
         try:
@@ -377,7 +377,7 @@ class KafkaConsumerClient:
         and resumes them after it; a partition whose broker thread saw it paused is
         fetched again only when that thread next wakes, up to a second later (it is woken
         when a partition's fetch state changes, never by a resume: measured 0.6-0.9 s of
-        no fetching for partitions that stayed). :meth:`restart_fetching` wakes them."""
+        no fetching for partitions that stayed). `restart_fetching()` wakes them."""
         self.owner.check("read the rebalance flag")
         rebalanced, self._rebalanced = self._rebalanced and self._incremental, False
         return rebalanced
@@ -414,7 +414,7 @@ class KafkaConsumerClient:
         """Commit ``{tp: (next offset, metadata)}``; raises ConsumerError if it fails.
 
         ``asynchronous``: returns once the request is queued; its result goes to the
-        ``on_commit`` callback, served by a later :meth:`poll`."""
+        ``on_commit`` callback, served by a later `poll()`."""
         self.owner.check("commit offsets")
         if not offsets:
             return
@@ -439,7 +439,7 @@ class KafkaConsumerClient:
             raise failure
 
     def _commit_cb(self, err: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
-        """The result of an asynchronous commit (served inside :meth:`poll`)."""
+        """The result of an asynchronous commit (served inside `poll()`)."""
         self.owner.check("serve a commit result")
         # librdkafka names no partition when the whole request failed: all of them.
         everyone = [(p.topic, p.partition) for p in partitions]
@@ -488,7 +488,7 @@ class KafkaConsumerClient:
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` ran."""
+        """True once `close()` ran."""
         return self._closed
 
 

@@ -103,7 +103,7 @@ def encode_completed(
 
 
 def decode_completed(text: str) -> tuple[int, list[Range]]:
-    """Inverse of :func:`encode_completed`; raises ValueError on foreign or corrupt text."""
+    """Inverse of `encode_completed()`; raises ValueError on foreign or corrupt text."""
     if not text.startswith(METADATA_PREFIX):
         raise ValueError("not logsdk offset metadata")
     b64 = text[len(METADATA_PREFIX) :]
@@ -207,7 +207,7 @@ class Chunk:
     """Consecutive records of one partition from one poll, dispatched together.
 
     ``items`` are the fetched messages (``convert`` turns them into records for the
-    handler) or, with ``convert=None``, :class:`Record` objects already. The offset
+    handler) or, with ``convert=None``, `Record` objects already. The offset
     map tracks the chunk as a whole: ``first``/``last`` offsets and a remaining count.
     """
 
@@ -314,7 +314,7 @@ class OffsetMap:
             return part.epoch
 
     def invalidate(self, tp: TopicPartition, epoch: int) -> bool:
-        """Fence ``tp``'s work of ``epoch`` and hold the partition until :meth:`rewind`.
+        """Fence ``tp``'s work of ``epoch`` and hold the partition until `rewind()`.
 
         Returns False when ``epoch`` is already stale (someone else handled it).
         """
@@ -405,7 +405,7 @@ class OffsetMap:
             return part.epoch, keep
 
     def admit(self, tp: TopicPartition, records: list[Record]) -> tuple[int | None, list[Record]]:
-        """:meth:`admit_run` for a list of records; returns (epoch, records to dispatch)."""
+        """`admit_run()` for a list of records; returns (epoch, records to dispatch)."""
         if not records:
             return self.epoch(tp), []
         epoch, keep = self.admit_run(

@@ -90,7 +90,7 @@ PROTOCOLS: dict[str, Protocol] = {
 
 def apply_rebalance(config: ClientConfig, rebalance: object) -> Protocol:
     """Check ``config`` (a copy the caller owns) against ``rebalance`` and set what the
-    protocol needs in it; returns the protocol. Raises :class:`ConfigError` naming the
+    protocol needs in it; returns the protocol. Raises `ConfigError` naming the
     first property the protocol refuses or contradicts."""
     if rebalance not in REBALANCES:
         raise ConfigError(f"rebalance must be one of {REBALANCES}, got {rebalance!r}")

@@ -13,7 +13,7 @@ TopicPartition = tuple[str, int]
 
 @dataclass(slots=True)
 class Record:
-    """One Kafka record as handed to a :class:`~logsdk.Handler`.
+    """One Kafka record as handed to a [`Handler`][logsdk.Handler].
 
     Treat it as read-only: the consumer tracks offsets on its own, so changing a
     field changes nothing but what the handler itself sees. ``headers`` is a list of
@@ -22,12 +22,20 @@ class Record:
     """
 
     topic: str
+    """The topic the record was read from."""
     partition: int
+    """Its partition."""
     offset: int
+    """Its offset in the partition."""
     key: bytes | None
+    """The record's key as written, or None."""
     value: bytes | None
+    """The record's value as written (JSON from the logging adapters), or None."""
     headers: list[tuple[str, bytes]] = field(default_factory=list)
+    """``(name, value)`` pairs in wire order; logsdk's producers add ``logsdk.producer``
+    and ``logsdk.seq`` (see [`header()`][logsdk.Record.header])."""
     timestamp: int | None = None
+    """Milliseconds since the epoch, or None when the broker gave none."""
 
     def header(self, name: str) -> bytes | None:
         """The value of the last header called ``name``, or None."""
@@ -43,7 +51,7 @@ class Record:
 
 
 class RecordColumns(NamedTuple):
-    """The fields of a batch of records, one sequence per :class:`Record` attribute."""
+    """The fields of a batch of records, one sequence per [`Record`][logsdk.Record] attribute."""
 
     topics: Sequence[str]
     partitions: Sequence[int]
@@ -67,8 +75,8 @@ class RecordBatch(Sequence[Record]):
 
     Handlers see it as a read-only ``Sequence[Record]``. The fetch thread only groups
     messages into batches; converting them (headers included) is done once, by the
-    worker thread, the first time the handler reads them: as :class:`Record` objects,
-    or column by column (:meth:`columns`, what SQLiteSink inserts). A handler that
+    worker thread, the first time the handler reads them: as [`Record`][logsdk.Record] objects,
+    or column by column (`columns()`, what SQLiteSink inserts). A handler that
     needs only ``len(records)`` never pays for it.
     """
 

@@ -6,9 +6,9 @@ text, the trace context) and puts it here; the hand-over thread builds the JSON 
 and sends it through the producer, in put order (so per logger, per key, per thread).
 
 Owners:
-- the queue is filled by any thread (:meth:`Handoff.put`) and emptied by the hand-over
+- the queue is filled by any thread (`Handoff.put()`) and emptied by the hand-over
   thread alone (``_run``);
-- :meth:`Handoff.drain` and :meth:`Handoff.close` may be called by any thread but the
+- `Handoff.drain()` and `Handoff.close()` may be called by any thread but the
   hand-over thread; ``_start_lock`` guards starting the thread and closing it.
 
 Invariants:

@@ -67,7 +67,7 @@ def utf8(text: str) -> bytes:
 
 def dumps_json(doc: Mapping[str, Any]) -> bytes:
     """A document as UTF-8 JSON, with the standard library; lone surrogates as
-    :func:`utf8` writes them."""
+    `utf8()` writes them."""
     return utf8(ENCODER.encode(doc))
 
 
@@ -77,9 +77,9 @@ if orjson is not None:
     _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
     def dumps_orjson(doc: Mapping[str, Any]) -> bytes:
-        """The same fields as :func:`dumps_json`, with orjson. What orjson refuses (a lone
+        """The same fields as `dumps_json()`, with orjson. What orjson refuses (a lone
         surrogate, a key that is not a str, an int beyond 64 bits, nesting deeper than 254)
-        is written by :func:`dumps_json`. One difference: NaN and ±Infinity are written as
+        is written by `dumps_json()`. One difference: NaN and ±Infinity are written as
         ``null`` (strict JSON), where json writes ``NaN``/``Infinity``."""
         try:
             return orjson.dumps(doc, default=_default, option=_ORJSON_OPTIONS)
@@ -117,7 +117,7 @@ def trace_context() -> tuple[str, str] | None:
 
 def add_trace_context(doc: dict[str, Any], ctx: tuple[str, str] | None = None) -> None:
     """Add ``trace_id`` and ``span_id`` of ``ctx``, or of the span active on this thread
-    (see :func:`trace_context`); fields the record already has are kept."""
+    (see `trace_context()`); fields the record already has are kept."""
     if ctx is None:
         ctx = trace_context()
         if ctx is None:
@@ -136,7 +136,7 @@ class JsonSender:
 
     ``send`` never raises and never waits longer than ``max_block_s`` (for an owned
     producer); a log call made while sending (from a library the producer uses) is
-    skipped rather than recursed into. An owned producer is closed by :meth:`close`, and
+    skipped rather than recursed into. An owned producer is closed by `close()`, and
     at interpreter exit if nothing closed it before, delivering to Kafka for at most
     ``close_timeout`` seconds (what Kafka cannot take by then stays in the spool).
     """

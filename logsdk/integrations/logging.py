@@ -90,15 +90,16 @@ def record_to_dict(
 
 class KafkaHandler(logging.Handler):
     """Ship log records as JSON (timestamp, level, logger, message, exception, extra
-    fields, host, pid) through a :class:`~logsdk.LogProducer`.
+    fields, host, pid) through a [`LogProducer`][logsdk.LogProducer].
 
     Never raises into the application and, with a producer it owns, never blocks a call
     longer than ``max_block_s`` (twice with ``buffer="shm"``: the ring, then memory; a
     borrowed producer applies its own): a record the producer cannot take is counted in
-    :attr:`dropped`. Pass an existing ``producer`` (not closed by the handler), or the
-    producer arguments (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one, which
-    ``close()`` closes: usable from ``logging.config.dictConfig``. Records of the
-    ``logsdk`` loggers themselves are skipped, so the SDK never logs into itself.
+    [`dropped`][logsdk.integrations.logging.KafkaHandler.dropped]. Pass an existing ``producer``
+    (not closed by the handler), or the producer arguments (``bootstrap_servers``, ``topic``,
+    ``spool_dir``, ...) to own one, which ``close()`` closes: usable from
+    ``logging.config.dictConfig``. Records of the ``logsdk`` loggers themselves are skipped, so the
+    SDK never logs into itself.
 
     ``background=True`` keeps the application's thread to what must be taken at the call
     (the message, the exception's text, the OpenTelemetry span) and hands the record to a
@@ -172,9 +173,9 @@ class KafkaHandler(logging.Handler):
 
     def handle(self, record: logging.LogRecord) -> bool:
         """Filter and emit ``record`` (as ``logging.Handler.handle``) without taking the
-        handler's lock: :meth:`emit` is safe on any number of threads at once (the
-        producer's send path has its own lock). Records of the SDK's own loggers are
-        skipped."""
+        handler's lock: [`emit()`][logsdk.integrations.logging.KafkaHandler.emit] is safe on any
+        number of threads at once (the producer's send path has its own lock). Records of the SDK's
+        own loggers are skipped."""
         if record.name.startswith("logsdk"):
             return False
         rv = self.filter(record)

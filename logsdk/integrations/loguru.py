@@ -1,6 +1,6 @@
 """loguru -> Kafka: a sink that ships each record as JSON through a LogProducer.
 
-Extra ``loguru``::
+Extra ``loguru``:
 
     from loguru import logger
     from logsdk.integrations.loguru import KafkaSink

@@ -15,15 +15,15 @@ Collector's Kafka receiver reads with ``encoding: otlp_proto`` (the default), or
 ``otlp_json``. Text UTF-8 cannot carry (a lone surrogate: undecodable bytes of a file name
 or argv, surrogate-escaped by Python) is written with the escape the JSON adapters use,
 ``\\udcXX``; a log record OTLP cannot carry even so (a body of an int beyond 64 bits) is
-left out of its batch, counted in :attr:`KafkaLogExporter.failed` and said on this
-module's logger, once per batch. The records go through a :class:`~logsdk.LogProducer`:
+left out of its batch, counted in `KafkaLogExporter.failed` and said on this
+module's logger, once per batch. The records go through a [`LogProducer`][logsdk.LogProducer]:
 kept in the spool while Kafka is unreachable and replayed, safe at fork and exit, each
 with the producer's ``(producer, seq)`` headers.
 
 ``export()`` returns ``SUCCESS`` once the producer has accepted the batch (in Kafka, on
 its way, or kept on disk); ``FAILURE`` when the producer refused some of it (closed, or
 full past ``max_block_s``) or a log record could not be encoded, those log records
-counted in :attr:`KafkaLogExporter.failed`. ``force_flush()`` waits until what was
+counted in `KafkaLogExporter.failed`. ``force_flush()`` waits until what was
 exported is durable (in Kafka or the spool); ``shutdown()`` closes a producer the exporter
 owns, delivering what Kafka takes within ``close_timeout``.
 
@@ -40,8 +40,8 @@ returns once its records are durable (in Kafka or the spool); the exporter's
 is neither global nor shut down at exit (``shutdown_on_exit=False``) exports nothing of
 what its ``BatchLogRecordProcessor`` holds: call its ``shutdown()`` before leaving.
 
-Reading them back: :func:`decode_otlp` (a LogConsumer's handler), or
-``spark_sink.logs.parse_otlp`` in Spark.
+Reading them back: [`decode_otlp()`][logsdk.integrations.otel.decode_otlp] (a LogConsumer's
+handler), or ``spark_sink.logs.parse_otlp`` in Spark.
 
 Needs the ``otel`` extra: ``pip install 'logsdk[otel]'`` (opentelemetry-sdk and its
 OTLP protobuf encoder).
@@ -136,7 +136,7 @@ def _unencodable(value: Any) -> bool:
 
 
 def _escape(value: Any) -> Any:
-    """``value`` (an OTel ``AnyValue``) with every text in it as :func:`utf8` writes it."""
+    """``value`` (an OTel ``AnyValue``) with every text in it as `utf8()` writes it."""
     if isinstance(value, str):
         return utf8(value).decode()
     if value is None or isinstance(value, (bytes, bool, int, float)):
@@ -150,7 +150,7 @@ def _escape(value: Any) -> Any:
 
 def _escaped(record: ReadableLogRecord) -> ReadableLogRecord:
     """``record`` itself when UTF-8 carries all its text, else a copy with its text (body,
-    severity text, event name, attributes, scope, resource) as :func:`utf8` writes it;
+    severity text, event name, attributes, scope, resource) as `utf8()` writes it;
     ``record`` is not changed."""
     lr = record.log_record
     attrs = dict(lr.attributes or {})
@@ -196,7 +196,8 @@ def _hex(raw: bytes) -> str | None:
 
 
 def decode_otlp(value: bytes, encoding: str = "otlp_proto") -> list[dict[str, Any]]:
-    """The log records of one Kafka record written by :class:`KafkaLogExporter`, in order.
+    """The log records of one Kafka record written by
+    [`KafkaLogExporter`][logsdk.integrations.otel.KafkaLogExporter], in order.
 
     Each is a dict: ``time_unix_nano``, ``observed_time_unix_nano``, ``severity_number``,
     ``severity_text``, ``body`` (a str, or the Python value of a structured body),
@@ -268,19 +269,20 @@ def flush_at_exit() -> None:
 class KafkaLogExporter(LogRecordExporter):
     """An OTel ``LogRecordExporter`` writing OTLP to Kafka through a LogProducer.
 
-    Pass a ``producer`` (not closed by :meth:`shutdown`) or the producer's arguments
-    (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one. ``topic`` overrides
-    the producer's topic for these records. ``encoding``: ``"otlp_proto"`` (default) or
-    ``"otlp_json"``. A batch whose encoding exceeds ``max_record_bytes``, or the
-    producer's ``message_max_bytes`` (its ``kafka_config["message.max.bytes"]`` when that
-    is lower) less :data:`HEADROOM_BYTES` for the record's framing and headers, is split
-    into several records (a single log record larger than that goes alone, and the
-    producer may refuse it: see :meth:`export`).
+    Pass a ``producer`` (not closed by
+    [`shutdown()`][logsdk.integrations.otel.KafkaLogExporter.shutdown]) or the producer's arguments
+    (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one. ``topic`` overrides the
+    producer's topic for these records. ``encoding``: ``"otlp_proto"`` (default) or ``"otlp_json"``.
+    A batch whose encoding exceeds ``max_record_bytes``, or the producer's ``message_max_bytes``
+    (its ``kafka_config["message.max.bytes"]`` when that is lower) less `HEADROOM_BYTES` for the
+    record's framing and headers, is split into several records (a single log record larger than
+    that goes alone, and the producer may refuse it: see
+    [`export()`][logsdk.integrations.otel.KafkaLogExporter.export]).
 
     Threads: ``export()`` runs on the batch processor's thread (with
-    ``SimpleLogRecordProcessor``, on the thread that emitted); :attr:`exported`,
-    :attr:`records` and :attr:`failed` are written there only (read anywhere), and so is
-    :attr:`producer` once logsdk's exit hook closed an owned one (see the module
+    ``SimpleLogRecordProcessor``, on the thread that emitted); `exported`,
+    `records` and `failed` are written there only (read anywhere), and so is
+    `producer` once logsdk's exit hook closed an owned one (see the module
     docstring).
     """
 
@@ -345,7 +347,7 @@ class KafkaLogExporter(LogRecordExporter):
     ) -> tuple[list[tuple[bytes, int]], int, BaseException | None]:
         """The batch as (payload, log records in it) parts, the number of log records left
         out, and the first reason. As it is when OTLP carries it whole; else with text
-        UTF-8 cannot carry escaped (:func:`_escaped`); else each log record is tried alone
+        UTF-8 cannot carry escaped (`_escaped()`); else each log record is tried alone
         and one OTLP cannot carry is left out."""
         request = _encoded(batch)
         if request is None:
@@ -385,7 +387,7 @@ class KafkaLogExporter(LogRecordExporter):
         """Hand the batch to the producer as OTLP records; SUCCESS once all are accepted.
 
         A part the producer refuses (closed, full past ``max_block_s``, larger than its
-        ``message_max_bytes``) is counted in :attr:`failed` and logged; so are the log
+        ``message_max_bytes``) is counted in `failed` and logged; so are the log
         records OTLP cannot carry even escaped (one warning for them all); the other parts
         are kept, and the result is FAILURE.
         """
@@ -448,7 +450,8 @@ class KafkaLogExporter(LogRecordExporter):
 
     @property
     def is_shut_down(self) -> bool:
-        """True once :meth:`shutdown` was called: exports are refused."""
+        """True once [`shutdown()`][logsdk.integrations.otel.KafkaLogExporter.shutdown] was called:
+        exports are refused."""
         return self._shut_down
 
     def shutdown(self) -> None:

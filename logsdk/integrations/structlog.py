@@ -1,6 +1,6 @@
 """structlog -> Kafka: a processor that tees event dicts to a LogProducer, and a renderer.
 
-Extra ``structlog``. Either keep your console output and tee every event to Kafka::
+Extra ``structlog``. Either keep your console output and tee every event to Kafka:
 
     import structlog
     from logsdk.integrations.structlog import KafkaProcessor
@@ -14,8 +14,8 @@ Extra ``structlog``. Either keep your console output and tee every event to Kafk
         structlog.dev.ConsoleRenderer(),
     ])
 
-or end the chain with :class:`KafkaRenderer`, which sends the event and returns its
-JSON line (``output=False``: drops it, so nothing else prints it).
+or end the chain with [`KafkaRenderer`][logsdk.integrations.structlog.KafkaRenderer], which sends
+the event and returns its JSON line (``output=False``: drops it, so nothing else prints it).
 
 Both never raise into the application: what cannot be serialised or sent is counted in
 ``dropped``. Events of the SDK's own loggers (``logger`` starting with ``logsdk``) are
@@ -43,9 +43,10 @@ class KafkaProcessor:
 
     Pass a ``producer`` (not closed here) or the LogProducer arguments
     (``bootstrap_servers``, ``topic``, ``spool_dir``, ...) to own one, closed by
-    :meth:`close`; an owned producer waits at most ``max_block_s`` when full. The record
-    key is the event's ``key_field`` (default ``logger``; None: no key). ``timestamp``
-    (UTC now) and ``host`` are added when missing, then ``static_fields``.
+    [`close()`][logsdk.integrations.structlog.KafkaProcessor.close]; an owned producer waits at most
+    ``max_block_s`` when full. The record key is the event's ``key_field`` (default ``logger``;
+    None: no key). ``timestamp`` (UTC now) and ``host`` are added when missing, then
+    ``static_fields``.
     """
 
     def __init__(

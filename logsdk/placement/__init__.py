@@ -1,8 +1,8 @@
 """Replica placement: Kafka's own algorithm, its rack-aware variant, and a consistent-hash ring.
 
 Every planner returns ``{topic: {partition: [broker ids]}}`` with the preferred leader
-first; :func:`metrics` measures balance, leaders, rack violations and movement;
-:func:`reassignment_json` writes what ``kafka-reassign-partitions.sh`` reads::
+first; `metrics()` measures balance, leaders, rack violations and movement;
+`reassignment_json()` writes what ``kafka-reassign-partitions.sh`` reads:
 
     from logsdk.placement import Cluster, make_brokers, Topic, plan, metrics
 

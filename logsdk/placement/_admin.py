@@ -1,7 +1,7 @@
 """The live-cluster side: read brokers, racks and the current assignment; apply a plan.
 
-The only module of :mod:`logsdk.placement` that touches confluent-kafka; its errors
-are translated here into :class:`~logsdk.errors.PlacementError`.
+The only module of `logsdk.placement` that touches confluent-kafka; its errors
+are translated here into [`PlacementError`][logsdk.errors.PlacementError].
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def read_cluster(
 
 
 def check_plan(cluster: Cluster, proposed: AssignmentLike) -> None:
-    """Raise :class:`PlacementError` naming a topic, partition or broker the cluster lacks."""
+    """Raise `PlacementError` naming a topic, partition or broker the cluster lacks."""
     known = {b.id for b in cluster.brokers}
     for topic, parts in proposed.items():
         if topic not in cluster.current:
@@ -136,8 +136,8 @@ def apply_plan(
 
     confluent-kafka's AdminClient has no partition reassignment call
     (AlterPartitionReassignments, KIP-455), so after checking the plan against the
-    cluster (unknown topics, partitions or brokers raise :class:`PlacementError`)
-    this raises :class:`PlacementApplyError` naming Kafka's own tool and the JSON.
+    cluster (unknown topics, partitions or brokers raise `PlacementError`)
+    this raises `PlacementApplyError` naming Kafka's own tool and the JSON.
     """
     cluster = read_cluster(config, timeout=timeout)
     check_plan(cluster, proposed)

@@ -114,7 +114,7 @@ def kafka_rack_assignment(
     shift: int | None = None,
     start_partition: int = 0,
 ) -> dict[int, list[int]]:
-    """Kafka's rack-aware assignment over ``{broker id: rack}``; see :func:`kafka_assignment`.
+    """Kafka's rack-aware assignment over ``{broker id: rack}``; see `kafka_assignment()`.
 
     When the replication factor is at least the number of racks every rack gets a
     replica; otherwise every rack gets at most one. Kafka's own example: racks

@@ -57,7 +57,7 @@ class Cluster:
     current: Assignment = field(default_factory=dict, compare=False)
 
     def validate(self) -> Cluster:
-        """Raise :class:`PlacementError` naming the first bad broker or topic; return self."""
+        """Raise `PlacementError` naming the first bad broker or topic; return self."""
         if not self.brokers:
             raise PlacementError("the cluster has no brokers")
         seen: set[int] = set()
@@ -114,7 +114,7 @@ class Cluster:
         return Cluster(tuple(brokers), self.topics, self.current)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form read by :func:`cluster_from_dict`."""
+        """The JSON form read by `cluster_from_dict()`."""
         out: dict[str, Any] = {
             "brokers": [_broker_dict(b) for b in sorted(self.brokers, key=lambda b: b.id)],
             "topics": [_topic_dict(t) for t in self.topics],
@@ -232,7 +232,7 @@ def assignment_from_obj(obj: Any) -> Assignment:
     """An assignment from ``{topic: {partition: [ids]}}`` or Kafka's reassignment JSON.
 
     Partitions are ints (or digit strings), replicas non-empty lists of distinct broker
-    ids; a partition listed twice, or anything else, raises :class:`PlacementError`.
+    ids; a partition listed twice, or anything else, raises `PlacementError`.
     """
     out: Assignment = {}
     if isinstance(obj, Mapping) and "partitions" in obj and isinstance(obj["partitions"], list):

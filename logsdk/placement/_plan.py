@@ -93,7 +93,7 @@ def plan(
     exactly partitions ``0..partitions-1`` (a reassignment cannot add or drop any).
     With ``current`` (default: the
     cluster's own current assignment), ``ring`` moves only what the ring says must
-    move (see :meth:`HashRing.rebalance`); ``previous`` is the broker set ``current``
+    move (see `HashRing.rebalance()`); ``previous`` is the broker set ``current``
     was planned on (default: the brokers holding a replica in ``current``). The
     ``kafka`` strategies plan afresh, as ``kafka-reassign-partitions.sh --generate``
     does, then keep every replica already on a broker of the new plan in its slot.
@@ -162,7 +162,7 @@ def _ranges(ids: Sequence[int]) -> str:
 def validate_assignment(
     cluster: Cluster, assignment: Mapping[str, Mapping[int, Sequence[int]]]
 ) -> None:
-    """Raise :class:`PlacementError` if a replica is on an unknown broker or repeats one."""
+    """Raise `PlacementError` if a replica is on an unknown broker or repeats one."""
     known = {b.id for b in cluster.brokers}
     for topic, parts in assignment.items():
         for p, reps in parts.items():

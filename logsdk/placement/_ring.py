@@ -15,7 +15,7 @@ water-filled so no rack takes more than one replica per partition while RF <= ra
 (racks of unequal size). When every broker the constraints allow is full, the walk takes
 the first one the hard constraints (distinct brokers, distinct racks) allow, and a repair
 pass then moves replicas from brokers above their bound to brokers below theirs. Leaders are
-then evened out by reordering replicas within partitions (:func:`balance_leaders`, no
+then evened out by reordering replicas within partitions (`balance_leaders()`, no
 data moves), so no broker leads more than its bound where the replicas allow it.
 ``load_factor=None`` is the plain ring of the seed.
 """
@@ -125,7 +125,7 @@ def fair_shares(
 
 
 def check_racks(brokers: Sequence[Broker], who: str) -> None:
-    """Raise :class:`PlacementError` if some brokers have a rack and others none.
+    """Raise `PlacementError` if some brokers have a rack and others none.
 
     A rackless broker would otherwise count as a rack of its own and, with RF >= the
     racks, hold a replica of every partition; Kafka refuses such a cluster too.
@@ -145,7 +145,7 @@ def md5_key(text: str) -> int:
 class HashRing:
     """A consistent-hash ring over ``brokers``; immutable once built.
 
-    At most :data:`MAX_RING_NODES` virtual nodes (``vnodes_per_weight`` x weights).
+    At most `MAX_RING_NODES` virtual nodes (``vnodes_per_weight`` x weights).
     """
 
     def __init__(self, brokers: Sequence[Broker], vnodes_per_weight: int = DEFAULT_VNODES) -> None:
@@ -251,7 +251,7 @@ class HashRing:
     ) -> tuple[dict[int, int], dict[int, int]]:
         """Per broker: the most replicas, and the most leaders, of one topic it may take.
 
-        ``ceil(load_factor * share)``, the share being :func:`fair_shares` for replicas
+        ``ceil(load_factor * share)``, the share being `fair_shares()` for replicas
         and the broker's weight's share of the partitions for leaders.
         """
         if not (math.isfinite(load_factor) and load_factor >= 1):
@@ -338,7 +338,7 @@ class HashRing:
         key meets a virtual node that ``previous`` (the ring ``current`` was planned on)
         lacks before it meets its broker, and that new node's broker may take it. A
         broker that gained nodes then takes replicas nearest its nodes up to its fair
-        share (:meth:`_top_up`). Empty slots (departed brokers, new partitions, a
+        share (`_top_up()`). Empty slots (departed brokers, new partitions, a
         larger RF) are then filled by bounded-load walks. ``previous=None`` counts
         every node as new.
         """

@@ -3,7 +3,7 @@
 Invariants owned here:
 - a spool operation that fails raises the alarm (logged once, counted in ``spool_io``);
   the same kind of operation succeeding clears it; failed operations are retried once a
-  second (:meth:`DiskAlarm.ready`);
+  second (`DiskAlarm.ready()`);
 - a damaged database (``SpoolError.corrupt``) does not raise the alarm: the spool is set
   aside and rebuilt from every row that can still be read, under the same ids (at most once
   a minute: damaged again so soon means the disk itself fails, and the alarm goes up).

@@ -1,6 +1,6 @@
 """The thin wrapper over confluent-kafka: the only producer code that touches librdkafka.
 
-It builds clients (:class:`Clients`, the engine's one way to a client), classifies
+It builds clients (`Clients`, the engine's one way to a client), classifies
 librdkafka errors once (so the policy layer branches on meaning, not on codes) and runs
 health probes.
 """
@@ -109,7 +109,7 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 def new_producer(conf: ClientConfig, on_error: ErrorCallback) -> Producer:
     """A librdkafka producer whose logs go to the ``logsdk.librdkafka`` logger.
 
-    A property librdkafka refuses (a typo, a bad value) raises :class:`ConfigError`."""
+    A property librdkafka refuses (a typo, a bad value) raises `ConfigError`."""
     full: dict[str, Any] = dict(conf)
     full["error_cb"] = on_error
     full["logger"] = rdlog
@@ -121,11 +121,12 @@ def new_producer(conf: ClientConfig, on_error: ErrorCallback) -> Producer:
 
 class Clients:
     """Where a producer's parts get their librdkafka clients: the first send() and each
-    recovery make one (:meth:`new`), a recovery has it connect before the replay
-    (:meth:`connect`). A port: ``wrap`` lets a test tool
-    (:func:`logsdk.testing.producer_hooks`) see or slow every client made from then on.
+    recovery make one (`new()`), a recovery has it connect before the replay
+    (`connect()`). A port: ``wrap`` lets a test tool
+    ([`logsdk.testing.producer_hooks()`][logsdk.testing.producer_hooks]) see or slow every client
+    made from then on.
 
-    Any thread may make a client; :meth:`wrap` is for the thread that set the producer
+    Any thread may make a client; `wrap()` is for the thread that set the producer
     up, before the clients it should see are made (a list append, GIL-atomic)."""
 
     def __init__(self, conf: ClientConfig) -> None:
@@ -169,7 +170,7 @@ def purge_without_waiting(client: Producer) -> None:
     """Purge every record ``client`` holds (queued and in flight) without waiting for its
     broker threads: their PURGED reports come through poll() as usual. A blocking purge
     waits, with no timeout, for every broker thread to answer, and one that cannot (see
-    :mod:`logsdk._resolver`) would hold the caller for ever.
+    `logsdk._resolver`) would hold the caller for ever.
 
     confluent-kafka sets librdkafka's ``RD_KAFKA_PURGE_F_NON_BLOCKING`` when ``blocking``
     is *true* (``Producer_purge``, up to 2.16 at least), hence ``blocking=True`` here;
@@ -178,9 +179,9 @@ def purge_without_waiting(client: Producer) -> None:
 
 
 def check_config(conf: ClientConfig) -> None:
-    """Raise :class:`ConfigError` now if librdkafka refuses ``conf`` (a client is built
+    """Raise `ConfigError` now if librdkafka refuses ``conf`` (a client is built
     and let go), rather than in the pump thread once a client is first needed. Skipped
-    where no client can connect (:mod:`logsdk._resolver`): one built there could never
+    where no client can connect (`logsdk._resolver`): one built there could never
     be let go."""
     if not resolver_ready():
         return
@@ -191,7 +192,7 @@ def probe(
     conf: ClientConfig, topic: str, timeout: float, stop: threading.Event | None = None
 ) -> bool:
     """One health probe: a fresh client asks for metadata; True when a leader answers.
-    False at once where no client can connect (:mod:`logsdk._resolver`), and within
+    False at once where no client can connect (`logsdk._resolver`), and within
     ``_SLICE_S`` once ``stop`` is set."""
     if not resolver_ready():
         return False

@@ -26,7 +26,7 @@ _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def check_topic(topic: object, what: str = "topic") -> str:
-    """``topic`` if Kafka accepts it as a topic name, else :class:`ConfigError`."""
+    """``topic`` if Kafka accepts it as a topic name, else `ConfigError`."""
     if not isinstance(topic, str) or not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
         raise ConfigError(
             f"{what} {topic!r} is not a valid Kafka topic name: use 1-249 characters "
@@ -36,7 +36,7 @@ def check_topic(topic: object, what: str = "topic") -> str:
 
 
 def check_seconds(value: object, name: str) -> float:
-    """``value`` as float seconds if it is a finite number >= 0, else :class:`ConfigError`."""
+    """``value`` as float seconds if it is a finite number >= 0, else `ConfigError`."""
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
@@ -60,7 +60,7 @@ def redacted(conf: Mapping[str, str | int | float | bool]) -> ClientConfig:
 
 @dataclass(frozen=True)
 class ProducerConfig:
-    """Everything a :class:`~logsdk.LogProducer` is configured with."""
+    """Everything a [`LogProducer`][logsdk.LogProducer] is configured with."""
 
     bootstrap_servers: str
     topic: str

@@ -16,7 +16,7 @@ Invariants owned here:
   after newer records, and a record counted as dropped would arrive);
 - the spool holds at most ``spool_max_bytes``: ``when_full`` says what happens beyond
   (the intake is told whether the spool has room: block and raise wait for it);
-- a spool write that fails keeps the records in memory (:mod:`logsdk.producer._alarm`);
+- a spool write that fails keeps the records in memory (`logsdk.producer._alarm`);
 - with ``buffer="shm"``, a record's ring frame is settled exactly when it leaves custody
   (spooled or dropped here).
 

@@ -12,7 +12,7 @@ Invariants owned here:
   long-lived process holds no more drains, slots, clients and threads through an outage
   than it did before it.
 
-A drain is reached only through :class:`Drain`, a handful of public methods; the drains
+A drain is reached only through `Drain`, a handful of public methods; the drains
 are made by the ``open_drain`` the wiring gives (this module imports no engine).
 """
 
@@ -36,7 +36,7 @@ log = logging.getLogger("logsdk.producer")
 
 
 class Drain(Protocol):
-    """What :class:`Drains` asks of a drain (an engine on a free slot)."""
+    """What `Drains` asks of a drain (an engine on a free slot)."""
 
     def undelivered(self) -> int:
         """Records it has not delivered yet."""
@@ -163,14 +163,14 @@ class Drains:
 
     def hurry(self) -> list[Drain]:
         """flush()/close() begin to wait: the drains under way probe without backoff until
-        :meth:`calm` is given the list returned here."""
+        `calm()` is given the list returned here."""
         hurried = self.drains
         for d in hurried:
             d.hurry(+1)
         return hurried
 
     def calm(self, hurried: list[Drain]) -> None:
-        """The wait that :meth:`hurry` began is over."""
+        """The wait that `hurry()` began is over."""
         for d in hurried:
             d.hurry(-1)
 

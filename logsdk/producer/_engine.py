@@ -1,13 +1,13 @@
 """The engine: a producer minus its facade, started and stopped as one.
 
-An :class:`Engine` opens a slot of ``spool_dir`` (its own, or a free one it drains), has
-the parts wired (:func:`~logsdk.producer._wiring.wire`), starts their threads, and takes
+An `Engine` opens a slot of ``spool_dir`` (its own, or a free one it drains), has
+the parts wired (`wire()`), starts their threads, and takes
 them down: flush() and close() wait here, close() spools what Kafka could not take by its
 deadline, stats() reads the parts. It also owns what a process does to it: a forked child
-starts afresh at its first use (:meth:`Engine.forked`), and one left open at exit is
-closed then (:meth:`Engine.close_left_open`). A ``LogProducer`` is a facade over one
+starts afresh at its first use (`Engine.forked()`), and one left open at exit is
+closed then (`Engine.close_left_open()`). A ``LogProducer`` is a facade over one
 engine; a drain of another process's slot is an engine too, reached by the
-:class:`~logsdk.producer._drains.Drains` of its producer through the public methods
+`Drains` of its producer through the public methods
 ``undelivered``, ``delivered``, ``hurry`` and ``close``.
 
 Invariants owned here:
@@ -54,7 +54,7 @@ log = logging.getLogger("logsdk.producer")
 
 
 class _InClose(threading.local):
-    """Whether this thread is inside :meth:`Engine.close` (one per engine)."""
+    """Whether this thread is inside `Engine.close()` (one per engine)."""
 
     here = False
 
@@ -161,7 +161,7 @@ class Engine:
         return parts
 
     def _open_spool(self) -> tuple[int, Spool]:
-        """Take the lowest free slot of ``spool_dir`` (see :mod:`logsdk.spool._slots`), or
+        """Take the lowest free slot of ``spool_dir`` (see `logsdk.spool._slots`), or
         the slot this engine drains."""
         cfg = self.config
         if self._drain is not None:
@@ -267,7 +267,7 @@ class Engine:
         """flush() and close(): wait until nothing is left to deliver, or the deadline.
 
         What free slots of spool_dir hold is delivered too, where Kafka answers
-        (:meth:`Drains.scan <logsdk.producer._drains.Drains.scan>`); slots left alone
+        (`Drains.scan`); slots left alone
         because it did not at first (this producer was degraded) are looked at again once
         it does."""
         p = self._parts
@@ -439,7 +439,7 @@ class Engine:
         """In a child just forked (one thread runs): all this engine runs on is the
         parent's. Buried now, so that dropping the engine can never free them; its first
         use in the child starts afresh (``_restart_in_child``). Its clients, current and
-        retired, are kept by :mod:`logsdk._fork` with every other client alive at the
+        retired, are kept by `logsdk._fork` with every other client alive at the
         fork; the locks of its slot and ring are left to the parent (the child closes its
         copies of their descriptors: logsdk.spool._dirlock, logsdk.shm._ring)."""
         p = self._parts

@@ -12,16 +12,16 @@ Invariants owned here:
   ``stall_timeout_s`` ask for a degrade, and so do two failed probes in a row of the
   live client;
 - at its start and every ``_SLOT_SCAN_S`` it looks for slots of ``spool_dir`` that
-  other processes left with records (:mod:`logsdk.producer._drains`: drained only
+  other processes left with records (`logsdk.producer._drains`: drained only
   while Kafka answers).
 
-What to do next is decided by :func:`decide`, a pure step: from what the thread saw this
-round (:class:`Seen`: the time, the state, the outage, progress, a probe's outcome) and
-what it remembers (:class:`Memory`: good and bad probes, the backoff, when to probe and
-scan next), it returns the next memory and what to do (:class:`Action`). The thread only
+What to do next is decided by `decide()`, a pure step: from what the thread saw this
+round (`Seen`: the time, the state, the outage, progress, a probe's outcome) and
+what it remembers (`Memory`: good and bad probes, the backoff, when to probe and
+scan next), it returns the next memory and what to do (`Action`). The thread only
 observes, carries the action out, and waits.
 
-Owner: the health thread, for its memory; :meth:`Health.hurry` and :meth:`Health.close_by`
+Owner: the health thread, for its memory; `Health.hurry()` and `Health.close_by()`
 are for flush()/close() (any thread), under ``_lock``.
 """
 
@@ -163,7 +163,7 @@ def decide(rules: Rules, memory: Memory, seen: Seen) -> Action:
 
 
 def _probed(rules: Rules, m: Memory, seen: Seen, ok: bool) -> Action:
-    """The outcome of the probe :func:`decide` asked for in the state ``seen.state``."""
+    """The outcome of the probe `decide()` asked for in the state ``seen.state``."""
     if seen.state is State.DEGRADED:  # a fresh client's probe
         if ok:
             good = m.good + 1

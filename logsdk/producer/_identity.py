@@ -9,7 +9,7 @@ Invariants owned here:
   never a reuse);
 - reservations are made by the thread that owns the spool, never by send(): the
   constructor reserves the first block, and the pump the next one ahead of need, once
-  half of the current block is used (:meth:`SeqReserver.reserve_ahead`). send() only
+  half of the current block is used (`SeqReserver.reserve_ahead()`). send() only
   takes a number from memory; should it ever catch up with the reservation (the pump
   stalled, or the disk refused the reservation), it waits for the pump, at most
   ``max_block_s`` (``Intake.send``), and that wait is counted (``seq_waits`` in stats())
@@ -60,7 +60,7 @@ class SeqReserver:
     """Keeps the seqs reserved on disk ahead of the send path.
 
     Owner: the thread that owns the spool: the constructor's (the first block, before the
-    intake is shared), then the pump (:meth:`reserve_ahead`, each step), handed over with
+    intake is shared), then the pump (`reserve_ahead()`, each step), handed over with
     the spool. It reads the intake's ``seq_next`` and ``seq_waits`` as published values and
     raises its ``seq_limit`` (``Intake.extend_seqs``).
     """

@@ -17,7 +17,7 @@ Invariants owned here:
 
 Owner: the pump thread (``owner``), except the ticket table, which the send path shares:
 ``Intake.send()`` takes a ticket (``free.pop()``, ``slots[t] = rec``, under the send lock:
-:meth:`InFlight.produce` inlined on the hot path) and the pump's reports give it back
+`InFlight.produce()` inlined on the hot path) and the pump's reports give it back
 (``slots[t] = None``, ``free.append(t)``); each is one list operation, atomic under the
 GIL, and one thread at a time pops (a sender while direct sends are on, the pump feeding
 the backlog while they are off), so a ticket is never handed out twice. ``client`` is

@@ -9,7 +9,7 @@ so only through the methods below, which are the only code that changes this sta
 
 Invariants owned here:
 - seqs are handed out in order, below ``seq_limit`` (reserved on disk ahead of need: see
-  :mod:`logsdk.producer._identity`); one taken and then refused goes back only when no
+  `logsdk.producer._identity`); one taken and then refused goes back only when no
   later one was taken meanwhile (else a gap, never a reuse), and never once the record
   may have reached librdkafka;
 - records reach Kafka in send order per key: once the backlog is in use, every newer
@@ -17,13 +17,13 @@ Invariants owned here:
   empty and no sender waits for its turn (``waiters``, in seq order), and a sender that
   waits for room takes its turn in that order;
 - a record taken from the backlog is counted (``taken``) until it is in the client's
-  in-flight table or committed to the spool, or put back: :meth:`held` never misses one;
+  in-flight table or committed to the spool, or put back: `held()` never misses one;
 - the backlog holds at most ``buffer_max_records``; past it, and with a full shm ring or
   spool, ``when_full`` says what happens (wait up to ``max_block_s``, drop, or raise);
 - with ``buffer="shm"`` every accepted record is in the ring first, and a record refused
   or dropped here has its frame settled at once.
 
-Owner: the send lock (:attr:`Intake.lock`), not a thread. Every field is read and written
+Owner: the send lock (`Intake.lock`), not a thread. Every field is read and written
 with it held, except those said "published" (one attribute read, a stale value harmless).
 The pump holds it only for what must change at once with the send path (a state flip,
 ``direct``, the backlog's head), never while it does I/O or hands records to librdkafka;
@@ -121,10 +121,10 @@ class Intake:
         #: Records accepted by send().
         self.sent = 0
         #: A sender waits for room in the shm ring (the pump wakes senders and spills).
-        #: Published: send() raises it, the pump lowers it (:meth:`relieve`).
+        #: Published: send() raises it, the pump lowers it (`relieve()`).
         self.shm_pressure = False
         #: The spool has no room: block/raise wait for it. Published: the pump writes it
-        #: (:meth:`spool_has_room`).
+        #: (`spool_has_room()`).
         self.spool_full = False
 
     # -- the send path (application threads) ---------------------------------------------
@@ -375,7 +375,7 @@ class Intake:
         return False
 
     def _at_once(self, rec: Rec, need_ring: bool) -> bool:
-        """``when_full`` for a policy that does not wait (see :meth:`_accept_in_turn`)."""
+        """``when_full`` for a policy that does not wait (see `_accept_in_turn()`)."""
         cfg = self._config
         policy = cfg.when_full
         if need_ring:  # the ring is full (and nobody waits: these policies never do)
@@ -461,7 +461,7 @@ class Intake:
 
     def take(self, n: int) -> list[Rec]:
         """Take up to ``n`` records from the backlog's head, in send order, counted in
-        ``taken`` until :meth:`put_back` (the pump, which places them meanwhile without
+        ``taken`` until `put_back()` (the pump, which places them meanwhile without
         the lock: into the client's in-flight table, or the spool)."""
         with self.lock:
             backlog = self.backlog

@@ -1,10 +1,10 @@
 """``delivery="agent"``: the application only writes each record into a shared-memory ring
 of its own; ``logsdk agent`` (one per spool root) ships it to Kafka.
 
-An :class:`Outlet` stands where an :class:`~logsdk.producer._engine.Engine` stands under a
+An `Outlet` stands where an `Engine` stands under a
 ``LogProducer``: it has no librdkafka client, no pump or health thread and no spool. Its
-ring is made with ``drained_elsewhere`` (:mod:`logsdk.shm._ring`): the agent's reader
-(:mod:`logsdk.shm._reader`) moves the tail once a record is in Kafka or committed to the
+ring is made with ``drained_elsewhere`` (`logsdk.shm._ring`): the agent's reader
+(`logsdk.shm._reader`) moves the tail once a record is in Kafka or committed to the
 agent's spool, and this side only follows it.
 
 Invariants owned here:
@@ -19,7 +19,7 @@ Invariants owned here:
   within their timeouts, and return what is left: those records stay in the ring for the
   agent (a closed ring is unlinked only when nothing is left in it).
 
-Owner: the send lock (:attr:`Outlet.lock`) guards the ring's writer side, ``_seq`` and
+Owner: the send lock (`Outlet.lock`) guards the ring's writer side, ``_seq`` and
 ``written``; ``counters`` (drops) has a lock of its own; ``_stale`` is set in a forked
 child before any other thread exists there and cleared under the lock.
 """

@@ -1,6 +1,6 @@
 """A producer among processes: fork and exit.
 
-Each engine (:mod:`logsdk.producer._engine`) handles its own fork and exit; this module
+Each engine (`logsdk.producer._engine`) handles its own fork and exit; this module
 only keeps the registries that reach them, and runs the hooks.
 
 Invariants owned here:
@@ -82,7 +82,7 @@ _rehook_registered: set[str] = set()
 
 
 def live(engine: Live) -> None:
-    """``engine`` runs in this process until :func:`gone` (its start, and its new start in
+    """``engine`` runs in this process until `gone()` (its start, and its new start in
     a forked child): told of forks, closed at exit if left open."""
     _LIVE.add(engine)
     hook_exit()
@@ -102,7 +102,7 @@ at_fork_in_child(_after_fork_in_child)
 
 
 def leaving() -> bool:
-    """True once this process's exit hook (:func:`_close_all_at_exit`) has begun: what is
+    """True once this process's exit hook (`_close_all_at_exit()`) has begun: what is
     sent from then on is sent after logsdk closed its producers (another exit hook's)."""
     return _leaving_in == os.getpid()
 
@@ -143,7 +143,7 @@ def _close_all_at_exit() -> None:
 
 
 def hook_exit() -> None:
-    """Run :func:`_close_all_at_exit` when this process leaves: at interpreter exit, and at
+    """Run `_close_all_at_exit()` when this process leaves: at interpreter exit, and at
     the end of a multiprocessing or billiard child (every engine's start calls it, and
     again its new start in a forked child)."""
     global _atexit_hooked

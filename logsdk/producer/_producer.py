@@ -65,16 +65,17 @@ class LogProducer:
     The constructor opens the spool (taking its lock: one producer per directory;
     the spool runs its WAL checkpoints on a daemon thread of its own) and starts two
     daemon threads (pump and health). Use it as a context manager or call
-    :meth:`close`, which delivers to Kafka within its timeout (the spool included) and
-    leaves in the spool only what Kafka could not take by then. :meth:`flush` means "in
-    Kafka" too; :meth:`flush_durable` means "in Kafka or on local disk". Thread-safe:
-    ``send()`` may be called from any number of threads.
+    [`close()`][logsdk.LogProducer.close], which delivers to Kafka within its timeout (the spool
+    included) and leaves in the spool only what Kafka could not take by then.
+    [`flush()`][logsdk.LogProducer.flush] means "in Kafka" too;
+    [`flush_durable()`][logsdk.LogProducer.flush_durable] means "in Kafka or on local disk".
+    Thread-safe: ``send()`` may be called from any number of threads.
 
     ``buffer="shm"`` also keeps every accepted record in a ring in POSIX shared memory
     (named ``shm_name``, by default derived from ``spool_dir``; ``shm_bytes`` long) until
     Kafka acknowledged it or the spool committed it, so a producer restarted after a crash
     of this process (even SIGKILL) resends them. A full ring is handled per ``when_full``
-    (``drop_oldest`` waits like ``block``); see :mod:`logsdk.shm._ring` for the layout.
+    (``drop_oldest`` waits like ``block``); see `logsdk.shm._ring` for the layout.
 
     ``delivery="agent"``: ``send()`` only writes the record into a shared-memory ring of
     this process (``shm_bytes`` long) and returns; ``logsdk agent --spool-root
@@ -165,9 +166,9 @@ class LogProducer:
         """Accept one record; never blocks on Kafka.
 
         ``value``: bytes, str, or a JSON-serialisable dict (anything else raises
-        :class:`~logsdk.errors.SerializationError`, a TypeError, before acceptance).
+        [`SerializationError`][logsdk.errors.SerializationError], a TypeError, before acceptance).
         ``timestamp``: milliseconds since the epoch (default: now). Raises
-        :class:`~logsdk.errors.RecordTooLargeError` above ``message_max_bytes`` and,
+        [`RecordTooLargeError`][logsdk.errors.RecordTooLargeError] above ``message_max_bytes`` and,
         only when Kafka is unavailable and the spool is full, per ``when_full``.
         """
         engine = self._engine
@@ -185,7 +186,7 @@ class LogProducer:
         returned and the records stay safe in the spool (or in memory, on their way
         there). Records Kafka refused (``rejected``) and records dropped by
         ``when_full`` are not waited for. To wait only until every record is in Kafka
-        or on local disk, use :meth:`flush_durable`.
+        or on local disk, use [`flush_durable()`][logsdk.LogProducer.flush_durable].
         """
         return self._engine.flush(timeout)
 
@@ -203,9 +204,9 @@ class LogProducer:
         """Deliver every record to Kafka within ``timeout``, then stop; what Kafka could not
         take by then stays in the spool, for the next producer on ``spool_dir``.
 
-        Delivering means what :meth:`flush` does: the backlog, the records in librdkafka,
-        the shm ring and the spool (including rows left by an earlier run), with Kafka
-        probed at once if it was down; and what free slots of ``spool_dir`` hold, where
+        Delivering means what [`flush()`][logsdk.LogProducer.flush] does: the backlog, the records
+        in librdkafka, the shm ring and the spool (including rows left by an earlier run), with
+        Kafka probed at once if it was down; and what free slots of ``spool_dir`` hold, where
         Kafka answers (with Kafka down they are left for the next producer). At the
         deadline, every record not acknowledged is committed to the spool, and the log
         says how many and where (a warning). ``None`` waits up to 60 s. A second call from
@@ -239,7 +240,7 @@ class LogProducer:
         answer (as counted at its last look);
         ``undelivered``: records not yet in Kafka, what free slots hold included (those
         it delivers, and those it leaves alone while Kafka does not answer, as counted at
-        its last look): what :meth:`flush` waits for.
+        its last look): what [`flush()`][logsdk.LogProducer.flush] waits for.
         """
         return self._engine.stats()
 
@@ -273,7 +274,7 @@ class LogProducer:
 
 def engine_of(producer: LogProducer) -> Engine:
     """The engine under ``producer``: for tools that look at its parts
-    (:func:`logsdk.testing.producer_hooks`), not an API."""
+    ([`logsdk.testing.producer_hooks()`][logsdk.testing.producer_hooks]), not an API."""
     engine = producer._engine
     if not isinstance(engine, Engine):
         raise TypeError("a producer with delivery='agent' has no engine")

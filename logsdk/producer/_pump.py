@@ -2,7 +2,7 @@
 
 The states say where new records go: Kafka (ONLINE), the spool (DEGRADED), or behind the
 spool while it is replayed (RECOVERING). Only the pump thread moves the machine, and only
-through :meth:`Pump.transition`, which checks the move against this table and logs it once:
+through `Pump.transition()`, which checks the move against this table and logs it once:
 
 ============  ==========  ============  =============================================
 from          event       to            what the pump does on the way
@@ -24,7 +24,7 @@ produce, poll or probe, a stall, a full ring); RECOVER from the health thread on
 ``recovery_probes`` probes in a row succeeded in the current outage (``epoch``), or at
 start when the spool holds records of an earlier run; DRAINED from the pump itself. A
 producer starts ONLINE (empty spool) or DEGRADED with a recovery asked for
-(:meth:`Pump.begin`); CLOSED is set by close() once the pump has stopped.
+(`Pump.begin()`); CLOSED is set by close() once the pump has stopped.
 
 Invariants owned here:
 - only the pump thread changes the state, polls the client (so delivery reports run
@@ -199,7 +199,7 @@ class Pump:
         return self.thread.is_alive()
 
     def join(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for the thread to end (after :meth:`stop`); True if it
+        """Wait up to ``timeout`` for the thread to end (after `stop()`); True if it
         did (or never started)."""
         if self.thread.ident is not None:
             self.thread.join(timeout)
@@ -489,7 +489,7 @@ class Pump:
 
     def final_drain(self) -> int:
         """Everything unacknowledged goes to the spool (close()'s thread, after
-        :meth:`take_back`). Returns how many records could not be written (lost)."""
+        `take_back()`). Returns how many records could not be written (lost)."""
         p, intake = self._p, self._intake
         intake.close_direct()
         p.flight.retire()

@@ -3,12 +3,12 @@
 Invariants owned here:
 - a record in memory is a plain tuple ``Rec`` (topic, key, value, user headers, timestamp
   ms, seq) whose fields are str, bytes, int or None (and a list of user headers), so the
-  garbage collector stops tracking it (see :class:`~logsdk.producer._inflight._Ticket`);
+  garbage collector stops tracking it (see `_Ticket`);
 - what send() accepts converts to those fields or is refused with a
-  :class:`~logsdk.errors.SerializationError` before it is accepted: no lone surrogate, no
-  NUL in a header name, no ``logsdk.`` header of the caller's;
+  [`SerializationError`][logsdk.errors.SerializationError] before it is accepted: no lone surrogate,
+  no NUL in a header name, no ``logsdk.`` header of the caller's;
 - every record Kafka receives carries ``logsdk.producer`` and ``logsdk.seq`` last
-  (:func:`kafka_headers`, the one rule; ``Intake.send`` inlines it on the hot path).
+  (`kafka_headers()`, the one rule; ``Intake.send`` inlines it on the hot path).
 """
 
 from __future__ import annotations

@@ -3,21 +3,21 @@
 A record Kafka (or librdkafka) refuses for itself (too large, invalid, a topic it may not
 write to) can never be delivered: resending it would fail again and hold up the records
 behind it. Whoever finds one (a delivery report, the backlog's feed, the replay) calls
-:meth:`Rejects.reject`, which counts it (``rejected``, and the error ``rejected``), says so
+`Rejects.reject()`, which counts it (``rejected``, and the error ``rejected``), says so
 (one log line) and sets it aside: a fresh record goes to the spool's ``rejected`` table, a
 spooled one (a replay's row) is moved there, at the pump's next settle. A record that
-send() refuses before accepting it is only counted (:meth:`Rejects.refused`): send()
+send() refuses before accepting it is only counted (`Rejects.refused()`): send()
 raises, and the record never was in custody.
 
 Invariants owned here:
 - a rejected record is counted once, however many times writing it aside is retried;
 - a fresh record waits in ``records`` until the rejected table holds it (flush() counts
-  it as not settled meanwhile: :meth:`pending`), then its shm frame is settled;
+  it as not settled meanwhile: `pending()`), then its shm frame is settled;
 - a spooled row waits in ``rows`` until moved; the replay's watermark delete never passes
-  the lowest of them (:meth:`lowest_row`).
+  the lowest of them (`lowest_row()`).
 
 Owner: the pump thread (delivery reports, the backlog's feed and the replay all run
-there; close() once it has ended), for what waits to be set aside; :meth:`refused` is the
+there; close() once it has ended), for what waits to be set aside; `refused()` is the
 send path's (any thread: it only counts).
 """
 

@@ -4,7 +4,7 @@ left in it moved to the slot's spool first.
 Invariants:
 - a record a dead owner left unsettled in the ring is committed to the spool (one
   transaction, with its original seq) before the ring forgets it: until that commit the
-  ring is its only copy (:meth:`logsdk.shm.ShmRing.hand_over`); the ordinary replay path
+  ring is its only copy (`logsdk.shm.ShmRing.hand_over()`); the ordinary replay path
   then resends it, oldest first, with the same ``logsdk.producer``/``logsdk.seq`` headers;
 - a ring whose records could not be committed is closed without being unlinked: they stay
   in it for the next producer on the slot.

@@ -1,6 +1,6 @@
 """The wiring: a producer's parts, built and connected by one function.
 
-:func:`wire` is the one place that says which part talks to which. It is used by the
+`wire()` is the one place that says which part talks to which. It is used by the
 engine (``logsdk.producer._engine``: a ``LogProducer``'s, and a drain's of another
 process's slot), by the tests of the parts (no thread started: the building thread owns
 them all), and by whatever else runs the engine over a spool of its own (a host agent).

@@ -2,7 +2,7 @@
 valid ones among stale, torn and corrupt bytes.
 
 Layout (little-endian), from a position ``pos`` (``pos % capacity`` past the header of
-the segment, :mod:`logsdk.shm._segment`):
+the segment, `logsdk.shm._segment`):
 
     frame    0  u32  magic (REC or PAD)
              4  u32  CRC32 of bytes [12, 24 + L)  (PAD: of [12, 24))
@@ -13,7 +13,7 @@ the segment, :mod:`logsdk.shm._segment`):
                 headers lengths (-1: None), then topic, key, value, headers; the frame is
                 padded to a multiple of 8 bytes
 
-A PAD frame fills the end of a lap a record does not fit in; fewer than :data:`FRAME`
+A PAD frame fills the end of a lap a record does not fit in; fewer than `FRAME`
 bytes left at the end of a lap are skipped by readers without one.
 
 Invariants:
@@ -21,11 +21,11 @@ Invariants:
   pos equals the position it is read at and its CRC matches, so a stale frame from an
   earlier lap, a torn write or corrupt bytes are never taken for a record, and a reader
   that meets one resynchronises on the next valid frame instead of stopping;
-- a frame's magic and CRC are written after its body (:func:`write_pad`, and the ring's
+- a frame's magic and CRC are written after its body (`write_pad()`, and the ring's
   ``put``, which inlines the REC layout for speed), so a write torn by a crash reads as
   invalid;
-- the writer publishes the head at most :func:`sync_bytes` bytes of frames apart, so a
-  reader (:func:`read_ring`) scans ``2 * sync_bytes`` past it (the margin covers a torn
+- the writer publishes the head at most `sync_bytes()` bytes of frames apart, so a
+  reader (`read_ring()`) scans ``2 * sync_bytes`` past it (the margin covers a torn
   copy of the head read as its previous value), skipping invalid regions, and stops. An
   invalid region before the published head, or followed by a valid frame, is counted as
   corrupt; one past it with no valid frame after it is the put a crash interrupted
@@ -33,7 +33,7 @@ Invariants:
   frames put since the head was published, with no valid frame after them, is skipped
   without being counted.
 
-Owner: none (functions over a mapping, and :class:`FrameReader`, owned by the call that
+Owner: none (functions over a mapping, and `FrameReader`, owned by the call that
 made it). The ring's writer writes frames; readers in any process read them.
 """
 
@@ -68,13 +68,13 @@ SYNC = 256 * 1024  # bytes of frames between two publications of the head, at mo
 
 def sync_bytes(capacity: int) -> int:
     """Bytes of frames between two publications of the head, at most, in a ring of
-    ``capacity``: :data:`SYNC` (256 KiB), an eighth of a smaller ring."""
+    ``capacity``: `SYNC` (256 KiB), an eighth of a smaller ring."""
     return min(SYNC, capacity // 8)
 
 
 def write_pad(mm: mmap.mmap, pos: int, room: int, capacity: int) -> None:
     """Fill the ``room`` bytes left in the lap from ``pos`` with a PAD frame (nothing when
-    fewer than :data:`FRAME` are left: readers skip to the next lap by themselves)."""
+    fewer than `FRAME` are left: readers skip to the next lap by themselves)."""
     if room >= FRAME:
         pad = PADBODY.pack(room - FRAME, pos)
         b = HEADER_SIZE + pos % capacity
@@ -84,7 +84,7 @@ def write_pad(mm: mmap.mmap, pos: int, room: int, capacity: int) -> None:
 
 @dataclasses.dataclass
 class Scan:
-    """What :func:`read_ring` found."""
+    """What `read_ring()` found."""
 
     #: The unsettled records, oldest first.
     rows: list[Row]
@@ -99,7 +99,7 @@ class Scan:
 
 def read_ring(mm: mmap.mmap, capacity: int, name: str, quiet: bool = False) -> Scan:
     """The records a ring's frames hold that are not settled, from its tail (see the
-    module docstring); ``quiet``: log nothing (an inspection). Raises :class:`ShmError`
+    module docstring); ``quiet``: log nothing (an inspection). Raises `ShmError`
     for head or tail positions out of range (a damaged segment)."""
     head, tail = read_index(mm, HEAD_OFF), read_index(mm, TAIL_OFF)
     cap = capacity

@@ -3,9 +3,9 @@ a dead owner's (``logsdk shm list|remove``, and a producer looking at free slots
 
 Invariants:
 - nothing here takes a segment over: it is mapped read-only and read as a recovering
-  owner would read it (:func:`logsdk.shm._frames.read_ring`), without logging, while its
+  owner would read it (`logsdk.shm._frames.read_ring()`), without logging, while its
   owner may be alive and writing;
-- a segment whose owner is alive is never removed (:func:`remove`).
+- a segment whose owner is alive is never removed (`remove()`).
 
 Owner: none (functions); any thread of any process.
 """

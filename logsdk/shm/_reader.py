@@ -1,22 +1,22 @@
 """Reading a live ring from another process: ``logsdk agent``'s side of
 ``LogProducer(delivery="agent")``.
 
-The application writes its ring (:class:`logsdk.shm.ShmRing`, ``drained_elsewhere``) and
-never moves its tail; a :class:`RingReader` in the agent takes its frames, and once each
+The application writes its ring (`logsdk.shm.ShmRing`, ``drained_elsewhere``) and
+never moves its tail; a `RingReader` in the agent takes its frames, and once each
 record is safe (acknowledged by Kafka, or committed to the agent's spool) settles it:
 flags its frame and moves the tail up to the oldest frame not settled. The writer
 follows that tail to find room.
 
 Names: the rings of one spool root are ``/logsdk-a<16 hex of the root's real path>-<producer
-id>`` (:func:`ring_name`), so the agent of that root finds them by prefix in ``/dev/shm``
-(:func:`ring_names`), and each application process (each fork) has a ring and a producer
+id>`` (`ring_name()`), so the agent of that root finds them by prefix in ``/dev/shm``
+(`ring_names()`), and each application process (each fork) has a ring and a producer
 id of its own.
 
 Invariants:
 - the segment is untrusted input (another local process wrote it, or a bug did): the
   header is checked (magic, version, sizes, the producer id's characters), each index
   is taken only within bounds, each frame only where its stored position and CRC match
-  (:class:`logsdk.shm._frames.FrameReader`), and a record's lengths must add up to the
+  (`logsdk.shm._frames.FrameReader`), and a record's lengths must add up to the
   frame's; a frame that fails is counted (``corrupt``) and skipped, never delivered and
   never fatal;
 - the tail never passes a frame taken and not settled, nor the head the writer published
@@ -25,7 +25,7 @@ Invariants:
   (an agent restarted after a crash) skips it;
 - while the writer lives, an invalid frame at or past its published head is a write not
   finished (or not begun): the reader waits for it. Once the writer is dead, a reader
-  scans as a recovering owner does (:func:`logsdk.shm._frames.read_ring`): up to
+  scans as a recovering owner does (`logsdk.shm._frames.read_ring()`): up to
   ``2 * sync_bytes`` past the head, and an invalid region with no valid frame after it
   is the end.
 
@@ -270,7 +270,7 @@ class RingReader:
         return out
 
     def put_back(self, positions: list[int]) -> None:
-        """The records just taken at ``positions`` (the last :meth:`take`'s, oldest first)
+        """The records just taken at ``positions`` (the last `take()`'s, oldest first)
         could not be made safe: forget them, to be taken again from the first."""
         if not positions:
             return

@@ -1,9 +1,9 @@
 """A ring of records in POSIX shared memory that outlives a crash of the process writing it.
 
-:class:`ShmRing` is one producer's ring: its writer puts records as frames
-(:mod:`logsdk.shm._frames`) into a segment (:mod:`logsdk.shm._segment`: the header, the
+`ShmRing` is one producer's ring: its writer puts records as frames
+(`logsdk.shm._frames`) into a segment (`logsdk.shm._segment`: the header, the
 head and tail indexes, the pages, the ownership lock); what a dead owner left is read back
-as a recovering reader reads it (:func:`logsdk.shm._frames.read_ring`).
+as a recovering reader reads it (`logsdk.shm._frames.read_ring()`).
 
 Invariants:
 - positions only grow (offset = pos % capacity), also across owners (a new owner goes on
@@ -12,21 +12,21 @@ Invariants:
   tail on is readable at every instant. ``head`` is published lazily, by the writer: when
   the frames written since the last publication would pass ``sync_bytes`` (256 KiB; an
   eighth of a smaller ring), when a put finds the ring full, after a wrap, and at close;
-  a reader finds the frames past it by their pos and CRC (:mod:`logsdk.shm._frames`);
+  a reader finds the frames past it by their pos and CRC (`logsdk.shm._frames`);
 - a record's frame stays unsettled until Kafka acknowledged it or the spool committed it,
-  and the tail never passes an unsettled frame. :meth:`ShmRing.settle` only notes the
-  seq; :meth:`ShmRing.drain_settled` (the producer's pump, after each poll) and the
+  and the tail never passes an unsettled frame. `ShmRing.settle()` only notes the
+  seq; `ShmRing.drain_settled()` (the producer's pump, after each poll) and the
   writer, when it publishes the head, move the tail up to the oldest unsettled frame and
   flag the settled frames past it, under one lock, so no flag is ever written into space
   the tail has already given back. A crash before that resends the record: a duplicate,
   never a loss;
 - a ring ``drained_elsewhere`` (``delivery="agent"``) never has its tail moved here: the
-  writer follows the tail its reader publishes (:func:`logsdk.shm._reader.follow_tail`);
-- one live owner per segment (its ``flock``, :func:`logsdk.shm._segment.take_ownership`);
+  writer follows the tail its reader publishes (`logsdk.shm._reader.follow_tail()`);
+- one live owner per segment (its ``flock``, `logsdk.shm._segment.take_ownership()`);
   a forked child closes its copies of the descriptors that hold it
-  (:func:`_leave_segments_to_parent`).
+  (`_leave_segments_to_parent()`).
 
-Owner: see :class:`ShmRing`.
+Owner: see `ShmRing`.
 """
 
 from __future__ import annotations
@@ -78,16 +78,16 @@ log = logging.getLogger("logsdk.shm")
 
 class ShmRing:
     """The ring buffer of one producer (see the module docstring; the layout is
-    :mod:`logsdk.shm._segment`'s and :mod:`logsdk.shm._frames`').
+    `logsdk.shm._segment`'s and `logsdk.shm._frames`').
 
-    Create it with :meth:`attach`. Writes (:meth:`put`) must be serialised by the caller
-    (the producer holds its send lock); :meth:`settle` and :meth:`drain_settled` may be
+    Create it with `attach()`. Writes (`put()`) must be serialised by the caller
+    (the producer holds its send lock); `settle()` and `drain_settled()` may be
     called from any thread.
 
     Who owns what (docs/engineering/design.md, "Who owns what"): the head, the fast-path
     bound and the topic cache belong to the writer (the send lock's holder, not one
     thread); the tail, the settled flags and the removals from the open set to the drain
-    (the settle lock, which :meth:`_advance` and :meth:`close` take too); :meth:`settle`
+    (the settle lock, which `_advance()` and `close()` take too); `settle()`
     is a list append from any thread; the open set gets inserts from the writer and
     removals from the drain, each one dict operation under the GIL.
     """
@@ -117,7 +117,7 @@ class ShmRing:
         self._settled: list[int] = []  # seqs settle() noted, not yet flagged in the ring
         #: ``settle(seq)``: the record ``seq`` is acknowledged or committed to the spool:
         #: free its slot. Only notes it (any thread, no lock; the list's own append, called
-        #: once per acknowledgement); :meth:`drain_settled` or the writer's next advance
+        #: once per acknowledgement); `drain_settled()` or the writer's next advance
         #: lets the tail pass the frame, or flags it.
         self.settle: Callable[[int], None] = self._settled.append
         # Flagging settled frames (drain) and the tail's advance (the writer) take this
@@ -152,9 +152,9 @@ class ShmRing:
         the module docstring).
 
         A segment left by a dead owner is read first: its unsettled records are in
-        :attr:`recovered` (and the corrupt regions skipped in :attr:`corrupt`) until
-        :meth:`reset` discards them, which the caller does once they are safe elsewhere.
-        Raises :class:`ShmInUseError` while another live process owns the segment.
+        `recovered` (and the corrupt regions skipped in `corrupt`) until
+        `reset()` discards them, which the caller does once they are safe elsewhere.
+        Raises `ShmInUseError` while another live process owns the segment.
         """
         if capacity < MIN_CAPACITY:
             raise ShmError(f"shm_bytes must be at least {MIN_CAPACITY}, got {capacity}")
@@ -253,9 +253,9 @@ class ShmRing:
         self.recovered = []
 
     def hand_over(self, keep: Callable[[list[Row]], None]) -> int:
-        """Give the records a dead owner left (:attr:`recovered`) to ``keep``, which makes
+        """Give the records a dead owner left (`recovered`) to ``keep``, which makes
         them safe elsewhere (a producer commits them to its spool), then forget them
-        (:meth:`reset`); how many. Until ``keep`` returns the ring is their only copy: if
+        (`reset()`); how many. Until ``keep`` returns the ring is their only copy: if
         it raises, they stay, and so does the ring's content."""
         rows = self.recovered
         if rows:
@@ -293,7 +293,7 @@ class ShmRing:
     ) -> bool:
         """Write one record; False when the ring has no room for it now.
 
-        Raises :class:`RecordTooLargeError` for a record that could never fit (a frame
+        Raises `RecordTooLargeError` for a record that could never fit (a frame
         above half the capacity).
         """
         topic, k, v, h, ts, seq = rec
@@ -308,7 +308,7 @@ class ShmRing:
         ts: int | None,
         seq: int,
     ) -> bool:
-        """:meth:`put` of a record given field by field (the producer's send path)."""
+        """`put()` of a record given field by field (the producer's send path)."""
         tb = self._topics.get(topic)
         if tb is None:
             tb = self._topic_bytes(topic)
@@ -390,7 +390,7 @@ class ShmRing:
                 self._drain()
 
     def drain_all(self) -> None:
-        """:meth:`drain_settled`, and wait for a drain under way in another thread: once
+        """`drain_settled()`, and wait for a drain under way in another thread: once
         this returns, every seq settled before the call has had its frame flagged and left
         the open set, so the seq may name a new record."""
         with self._settle_lock:

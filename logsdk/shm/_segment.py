@@ -2,7 +2,7 @@
 indexes, its pages, and who owns it.
 
 Layout (little-endian): a 4096-byte header, then ``capacity`` bytes of frames
-(:mod:`logsdk.shm._frames`).
+(`logsdk.shm._frames`).
 
     header   0  8s   magic b"LOGSDKR1"
              8  u32  version             12  u32 header size
@@ -13,22 +13,22 @@ Layout (little-endian): a 4096-byte header, then ``capacity`` bytes of frames
            544  tail: the same
 
 Invariants:
-- the magic is written last (:func:`write_header` leaves it zero): a segment whose
+- the magic is written last (`write_header()` leaves it zero): a segment whose
   magic is zero reads as not yet initialised, and the next attach initialises it again;
 - head and tail are each stored twice with a check word, the two copies written one after
-  the other by separate writes (:func:`publish_index`): a crash tears at most one copy,
-  and a reader takes the first valid one (:func:`read_index`). Never both at once with
+  the other by separate writes (`publish_index()`): a crash tears at most one copy,
+  and a reader takes the first valid one (`read_index()`). Never both at once with
   one ``struct.pack_into``: CPython zero-fills the whole target before it packs, so a
   crash at that instant left both copies unreadable;
-- every page of the segment is allocated when it is sized (:func:`reserve`,
+- every page of the segment is allocated when it is sized (`reserve()`,
   ``posix_fallocate``): a sparse segment on a full /dev/shm would kill the writer with
   SIGBUS at its first touch of a page;
 - one live owner per segment: an exclusive ``flock`` on the segment's descriptor, which
   the kernel releases when the owner dies, so a dead owner never blocks recovery
-  (:func:`owner_alive` asks with a shared lock, dropped at once).
+  (`owner_alive()` asks with a shared lock, dropped at once).
 
 Owner: none (functions over a descriptor or a mapping). A segment belongs to the process
-that holds its lock (:class:`logsdk.shm._ring.ShmRing`); any process may read it.
+that holds its lock (`logsdk.shm._ring.ShmRing`); any process may read it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ _NAME_RE = re.compile(r"^/[A-Za-z0-9._-]{1,200}$")
 
 
 class Header(NamedTuple):
-    """A segment's header, as :func:`read_header` found it."""
+    """A segment's header, as `read_header()` found it."""
 
     magic: bytes
     version: int
@@ -99,7 +99,7 @@ def segment_name(name: str | None, spool_dir: str | os.PathLike[str]) -> str:
 
 def write_header(mm: mmap.mmap, capacity: int, producer_id: str, spool_dir: str) -> None:
     """Write the header of a ring of ``capacity`` owned by this process, magic left zero
-    (the caller writes :data:`MAGIC` once the rest of the segment is ready)."""
+    (the caller writes `MAGIC` once the rest of the segment is ready)."""
     d = spool_dir.encode()[:_DIR_MAX]
     _HDR.pack_into(
         mm, 0, bytes(8), VERSION, HEADER_SIZE, capacity, os.getpid(), 0, 0,
@@ -119,7 +119,7 @@ def read_header(mm: mmap.mmap) -> Header:
 def take_ownership(name: str, fd: int) -> int:
     """Take the segment's ownership lock for this process (see the module docstring) and
     make sure it is ours alone (this user's, mode 0600); its size. Raises
-    :class:`ShmInUseError` while a live process holds it."""
+    `ShmInUseError` while a live process holds it."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -139,7 +139,7 @@ def take_ownership(name: str, fd: int) -> int:
 def holds_ring(name: str, fd: int, size: int) -> bool:
     """True when the segment (``size`` bytes) holds a ring, False when it is new (empty, or
     its header blank or never finished: the magic is written last). Raises
-    :class:`ShmError` for anything else: a segment that is not a logsdk ring, or one too
+    `ShmError` for anything else: a segment that is not a logsdk ring, or one too
     small to be one."""
     if size >= HEADER_SIZE + MIN_CAPACITY:
         with mmap.mmap(fd, HEADER_SIZE) as head_page:

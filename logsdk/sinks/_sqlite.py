@@ -12,7 +12,7 @@ Invariants:
   connections, which SQLite forbids using across ``fork()``, and its locks, which a thread
   of the parent may have held at the fork): the sink starts afresh there, as a pickled
   copy does, and opens connections of its own.
-- A write transaction runs inside the fork gate (:data:`logsdk._sqlite.GATE`) from its
+- A write transaction runs inside the fork gate (`logsdk._sqlite.GATE`) from its
   BEGIN to its COMMIT or ROLLBACK, so no fork falls inside one: SQLite keeps the locks of
   a process's connections in that process's memory, and a child that inherited a write
   lock held by the parent's connection would find the database locked for good.
@@ -52,7 +52,7 @@ _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 class _ThreadState(threading.local):
-    """One thread's connection (owned by that thread: :class:`~logsdk._owner.Owner`) and
+    """One thread's connection (owned by that thread: `Owner`) and
     the batches it staged for its next commit."""
 
     def __init__(self) -> None:
@@ -62,19 +62,20 @@ class _ThreadState(threading.local):
 
 
 class SQLiteSink:
-    """A :class:`~logsdk.TransactionalHandler` that stores records in an SQLite table.
+    """A [`TransactionalHandler`][logsdk.TransactionalHandler] that stores records in an SQLite
+    table.
 
     ``process`` only stages the records; ``commit(offsets)`` turns them into rows and
     writes the rows and the offsets in one ``BEGIN IMMEDIATE`` transaction; ``rollback``
     drops the staged records. It is called from several worker threads at once (one
     partition each): every thread has its own connection and its own staged batch, which
     that thread owns (checked at each use while ownership is checked, see
-    :mod:`logsdk._owner`). Rows are built while this process's write lock is held: Python
+    `logsdk._owner`). Rows are built while this process's write lock is held: Python
     work done by other threads meanwhile would take the GIL from the writer after each row
     it inserts. The same lock guards the dedupe count and the producer-name cache.
-    :meth:`close` closes every thread's connection: call it once no other thread is inside
-    a call of the sink (after ``LogConsumer.stop()`` returned, or the streaming query
-    stopped).
+    [`close()`][logsdk.sinks.SQLiteSink.close] closes every thread's connection: call it once no
+    other thread is inside a call of the sink (after ``LogConsumer.stop()`` returned, or the
+    streaming query stopped).
 
     With ``dedupe=True`` a record whose (``logsdk.producer``, ``logsdk.seq``) headers
     were already stored is skipped, which removes duplicates a producer sent
@@ -213,7 +214,8 @@ class SQLiteSink:
     # -- the TransactionalHandler protocol ----------------------------------------------
 
     def process(self, records: Sequence[Record]) -> None:
-        """Stage ``records`` for the next :meth:`commit` on this thread."""
+        """Stage ``records`` for the next [`commit()`][logsdk.sinks.SQLiteSink.commit] on this
+        thread."""
         # A RecordBatch is immutable; a caller's own list is copied.
         self._local.staged.append(records if isinstance(records, RecordBatch) else list(records))
 
@@ -386,7 +388,7 @@ class SQLiteSink:
     def _dedupe_row_by_row(
         conn: sqlite3.Connection, rows: list[tuple[Any, ...]]
     ) -> list[tuple[Any, ...]]:
-        """:meth:`_dedupe` for SQLite before 3.35 (no RETURNING): one statement a row."""
+        """`_dedupe()` for SQLite before 3.35 (no RETURNING): one statement a row."""
         kept = []
         for row in rows:
             producer, seq = row[6], row[7]

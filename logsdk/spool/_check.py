@@ -1,7 +1,7 @@
 """Check a spool dir read-only: what must hold in each of its slots, one finding a line.
 
-:func:`check_spool_dir` reads every slot (see :mod:`logsdk.spool._slots`) and returns a
-:class:`CheckResult`: per slot, findings of severity ``"problem"`` (something that must hold
+`check_spool_dir()` reads every slot (see `logsdk.spool._slots`) and returns a
+`CheckResult`: per slot, findings of severity ``"problem"`` (something that must hold
 does not) or ``"note"`` (what was found; nothing wrong). What is checked, per slot:
 
 - SQLite's full ``PRAGMA integrity_check``;
@@ -12,14 +12,14 @@ does not) or ``"note"`` (what was found; nothing wrong). What is checked, per sl
 - every seq a row holds (``records_all`` and ``rejected``) below ``seq_reserved`` in
   ``state.json`` and in the ``identity`` table;
 - the identity in ``state.json`` and in the ``identity`` table agree;
-- the files: the rules of :func:`~logsdk.spool._dirlock.check_private`, and the corrupt
+- the files: the rules of `check_private()`, and the corrupt
   databases a producer moved aside (``spool.db.corrupt-*``), named.
 
 Invariants (of the check itself):
 - it never takes a slot's lock and never writes into a slot's files: SQLite is opened
   with ``mode=ro`` only when the slot's ``-wal`` and ``-shm`` exist (a read-only
   connection creates them otherwise, and leaves them), else with ``immutable=1``
-  (:mod:`logsdk.spool._readonly`), and
+  (`logsdk.spool._readonly`), and
   such a read counts only if the file, its WAL and the slot's liveness did not change
   meanwhile (else the slot is read again; after three such reads it is reported as not
   judged, a note: a torn read could show damage that is not there). One race remains: a
@@ -133,7 +133,7 @@ class SlotCheck:
 
 @dataclass
 class CheckResult:
-    """The check of a whole spool dir: :attr:`ok` when no slot has a problem."""
+    """The check of a whole spool dir: `ok` when no slot has a problem."""
 
     directory: Path
     slots: list[SlotCheck]
@@ -171,8 +171,8 @@ class CheckResult:
 def check_spool_dir(path: str | os.PathLike[str]) -> CheckResult:
     """Check every slot of the spool dir ``path``, read-only (see the module docstring).
 
-    Raises :class:`SpoolError` only when ``path`` is not a spool dir at all (missing, not
-    a directory, or holding no spool); whatever is wrong inside a slot is a finding.
+    Raises [`SpoolError`][logsdk.errors.SpoolError] only when ``path`` is not a spool dir at all
+    (missing, not a directory, or holding no spool); whatever is wrong inside a slot is a finding.
     """
     root = Path(path)
     if not root.exists():

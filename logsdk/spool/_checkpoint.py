@@ -3,8 +3,8 @@
 A checkpoint copies pages from the WAL back into the database file and fsyncs it: about
 half of the time a replay's deletes took when SQLite ran it inside the commits of the
 thread that writes, and that thread is the producer's pump. Here the spool's connection
-has ``wal_autocheckpoint=0`` and tells the :class:`Checkpointer` what its commits wrote
-or freed; past :data:`CHECKPOINT_BYTES` a ``PRAGMA wal_checkpoint(PASSIVE)`` runs on the
+has ``wal_autocheckpoint=0`` and tells the `Checkpointer` what its commits wrote
+or freed; past `CHECKPOINT_BYTES` a ``PRAGMA wal_checkpoint(PASSIVE)`` runs on the
 thread ``logsdk-spool-checkpoint``, on a connection of its own.
 
 Invariants:
@@ -15,11 +15,11 @@ Invariants:
   (``failures``) and tried again at the next request;
 - requests made while a checkpoint runs collapse into one more.
 
-Owner: the checkpoint thread owns its connection (opened by :meth:`Checkpointer.start`
+Owner: the checkpoint thread owns its connection (opened by `Checkpointer.start()`
 on the spool's thread, so an error surfaces in the spool's ``open()``, and used by that
 thread only afterwards) and writes ``failures`` (published: one writer). The spool's
-owner calls :meth:`Checkpointer.committed` (which alone touches the byte count) and
-:meth:`Checkpointer.stop`, which joins the thread and closes its connection.
+owner calls `Checkpointer.committed()` (which alone touches the byte count) and
+`Checkpointer.stop()`, which joins the thread and closes its connection.
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """A record as a row: its fields, its headers as one blob, and the bytes it counts.
 
 The shape in which the producer, the shm ring and the spool hand records to each other:
-a :data:`Row` (topic, key, value, headers blob, timestamp, seq), or many rows transposed
-into :data:`Columns`, the shape a spool commit takes.
+a `Row` (topic, key, value, headers blob, timestamp, seq), or many rows transposed
+into `Columns`, the shape a spool commit takes.
 
 Invariants:
 - a headers blob is (u16 name length, u32 value length, name, value)* with a value length
   of ``0xFFFFFFFF`` for a None value, and ``None`` for no headers at all:
-  :func:`decode_headers` gives back exactly what :func:`encode_headers` was given (an empty
+  `decode_headers()` gives back exactly what `encode_headers()` was given (an empty
   list for None); the spool stores the blob as it is, so rows written by any logsdk that
   used this format read back the same;
 - the bytes a row counts against ``spool_max_bytes`` are its key, value and headers blob
-  plus :data:`ROW_OVERHEAD`: :func:`row_size` of one row, :func:`columns_bytes` of
+  plus `ROW_OVERHEAD`: `row_size()` of one row, `columns_bytes()` of
   transposed rows, and the ``size`` column SQLite computes for each row the spool stores
   all agree.
 
@@ -59,7 +59,7 @@ def encode_headers(headers: Headers | None) -> bytes | None:
 
 
 def decode_headers(blob: bytes | None) -> Headers:
-    """Inverse of :func:`encode_headers`."""
+    """Inverse of `encode_headers()`."""
     if not blob:
         return []
     out: Headers = []

@@ -8,21 +8,21 @@ with their error; ``identity``, the database's copy of the producer id and the s
 reservation.
 
 Invariants:
-- :func:`open_database` runs ``PRAGMA quick_check`` and counts the rows and their bytes
+- `open_database()` runs ``PRAGMA quick_check`` and counts the rows and their bytes
   (reads of the whole file: about 0.2 s for 270 MB, measured) unless the summary a clean
-  close left still describes the file (:func:`unchanged_since_close`: its size, mtime and
+  close left still describes the file (`unchanged_since_close()`: its size, mtime and
   inode, with no WAL beside it) and agrees with the table on two cheap looks: the
   watermark, and whether a row is left above it (the count is never trusted to say "empty"
   while a row is there: that row would never be replayed);
-- ``size`` is computed by SQLite from the row itself, as :func:`logsdk.spool._codec.row_size`
-  computes it (:func:`insert_sql`);
+- ``size`` is computed by SQLite from the row itself, as `logsdk.spool._codec.row_size()`
+  computes it (`insert_sql()`);
 - a spool written by logsdk before the watermark (a table ``records``) is converted in
-  place: the table renamed, no row copied (:func:`create_schema`);
-- an error is a damaged file when SQLite says so (:func:`looks_corrupt`): such errors
-  raise :class:`~logsdk.errors.SpoolCorruptError` (:func:`spool_error`), which a producer
-  answers by rebuilding the spool (:mod:`logsdk.spool._salvage`).
+  place: the table renamed, no row copied (`create_schema()`);
+- an error is a damaged file when SQLite says so (`looks_corrupt()`): such errors
+  raise [`SpoolCorruptError`][logsdk.errors.SpoolCorruptError] (`spool_error()`), which a producer
+  answers by rebuilding the spool (`logsdk.spool._salvage`).
 
-Owner: none (functions). A connection :func:`open_database` returns belongs to the spool
+Owner: none (functions). A connection `open_database()` returns belongs to the spool
 that asked for it (its owning thread).
 """
 
@@ -48,7 +48,7 @@ SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _COLUMNS = "topic, key, value, headers, ts, seq, size"
 
 #: The view of the rows in custody, the table behind it, and the watermark below which a
-#: replay has acknowledged every row (see :mod:`logsdk.spool._rows`).
+#: replay has acknowledged every row (see `logsdk.spool._rows`).
 _VIEW_SQL = (
     "CREATE VIEW records AS SELECT * FROM records_all WHERE id > "
     "coalesce((SELECT value FROM meta WHERE name = 'replayed_through'), 0)"
@@ -84,7 +84,7 @@ def insert_sql(n: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Opened:
-    """A spool database :func:`open_database` opened and checked, and what it found."""
+    """A spool database `open_database()` opened and checked, and what it found."""
 
     conn: sqlite3.Connection
     #: Rows above the watermark, and their bytes.
@@ -135,8 +135,8 @@ def open_database(
     """Open (or create) the spool database ``db`` and check it (see the module
     docstring). ``clean``: the summary a clean close left, if any; ``known_id``: the
     producer id ``state.json`` names when it was read whole (None: the highest seq a row
-    holds is looked up, see :func:`read_identity`). Raises :class:`sqlite3.Error`: a
-    damaged file when :func:`looks_corrupt` says so."""
+    holds is looked up, see `read_identity()`). Raises `sqlite3.Error`: a
+    damaged file when `looks_corrupt()` says so."""
     clean = unchanged_since_close(db, clean)
     conn = gated_connect(db, isolation_level=None, check_same_thread=False)
     try:
@@ -249,7 +249,7 @@ def read_identity(
 
 
 def quick_check(conn: sqlite3.Connection) -> None:
-    """Raise :class:`sqlite3.DatabaseError` unless ``PRAGMA quick_check`` says ok."""
+    """Raise `sqlite3.DatabaseError` unless ``PRAGMA quick_check`` says ok."""
     row = conn.execute("PRAGMA quick_check").fetchone()
     if row is None or row[0] != "ok":
         raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
@@ -262,5 +262,5 @@ def looks_corrupt(exc: sqlite3.Error) -> bool:
 
 
 def spool_error(text: str, exc: sqlite3.Error) -> SpoolError:
-    """The SpoolError for an SQLite error: :class:`SpoolCorruptError` when the file is damaged."""
+    """The SpoolError for an SQLite error: `SpoolCorruptError` when the file is damaged."""
     return SpoolCorruptError(text) if looks_corrupt(exc) else SpoolError(text)

@@ -3,18 +3,18 @@ this user's files in it.
 
 Invariants:
 - a live producer holds its directory through an exclusive ``flock`` on ``LOCK``
-  (:class:`DirLock`): the kernel drops it when the process ends (a crash, a SIGKILL), so a
+  (`DirLock`): the kernel drops it when the process ends (a crash, a SIGKILL), so a
   dead producer never blocks the next one; ``LOCK`` holds the pid of the last process
   that took it (what ``logsdk spool status`` shows), never trusted as the lock itself;
 - a forked child closes its copies of the descriptors that hold its parent's locks
-  (:func:`_leave_locks_to_parent`), so a parent's slot is freed when the parent dies, for
+  (`_leave_locks_to_parent()`), so a parent's slot is freed when the parent dies, for
   as long as the child lives; the descriptor is opened and registered under
   ``logsdk._fork.fork_guard``, so no child is made in between;
 - a spool dir and the files in it are this user's and not writable by anyone else
-  (:func:`check_private`): records in them are sent to Kafka with this process's
+  (`check_private()`): records in them are sent to Kafka with this process's
   credentials.
 
-Owner: a :class:`DirLock` belongs to the spool that took it (its owning thread takes and
+Owner: a `DirLock` belongs to the spool that took it (its owning thread takes and
 releases it); the registry of held locks is read and cleared only in a forked child,
 before any other thread exists there.
 """
@@ -36,7 +36,7 @@ LOCK_NAME = "LOCK"
 
 class DirLock:
     """This process's exclusive ``flock`` on a spool dir's ``LOCK`` (see the module
-    docstring). Take it with :meth:`take`; :meth:`release` drops it."""
+    docstring). Take it with `take()`; `release()` drops it."""
 
     def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
@@ -44,7 +44,7 @@ class DirLock:
     @classmethod
     def take(cls, directory: Path) -> DirLock:
         """Lock ``directory`` for this process and write its pid in ``LOCK``. Raises
-        :class:`SpoolLockedError` while another live process holds it."""
+        `SpoolLockedError` while another live process holds it."""
         path = directory / LOCK_NAME
         with fork_guard:  # no child may copy the descriptor before _HELD knows it
             try:
@@ -79,7 +79,7 @@ class DirLock:
 
     def forget_in_child(self) -> None:
         """In a forked child: close this process's copy of the descriptor, which leaves
-        the lock to the parent (see :func:`_leave_locks_to_parent`)."""
+        the lock to the parent (see `_leave_locks_to_parent()`)."""
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):

@@ -1,21 +1,21 @@
 """Read a slot's ``spool.db`` from outside its producer, writing nothing beside it.
 
-Used by the spool check, the scan of free slots (:func:`logsdk.spool._slots.spooled_records`)
+Used by the spool check, the scan of free slots (`logsdk.spool._slots.spooled_records()`)
 and ``logsdk spool status|export|replay``.
 
 Invariants:
 - the database is named by a ``file:`` URI of its absolute path, percent-encoded
-  (:meth:`pathlib.Path.as_uri`): spaces, ``#``, ``?``, ``%`` and non-ASCII characters in
+  (`pathlib.Path.as_uri()`): spaces, ``#``, ``?``, ``%`` and non-ASCII characters in
   the path are the path's, never a fragment, a query or an escape;
 - a ``mode=ro`` connection to a WAL database creates the ``-wal`` and ``-shm`` files when
   they are missing, and leaves them (owned by whoever read: root's files in a producer's
   dir, which the producer's open then refuses). So ``mode=ro`` is used only when both
   exist (a live producer's slot, or a crashed one's); otherwise the file is opened with
   ``immutable=1``, read as it is, and such a read counts only when the files did not
-  change under it (:func:`file_ids` before and after): a producer that opens the slot
+  change under it (`file_ids()` before and after): a producer that opens the slot
   meanwhile may rewrite pages an immutable reader does not know changed;
 - a ``-wal`` that holds commits but has no ``-shm`` cannot be read without writing one:
-  an immutable read does not see those commits (:func:`misses_wal`).
+  an immutable read does not see those commits (`misses_wal()`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def connect(
 ) -> Iterator[sqlite3.Connection]:
     """A read-only connection to ``db`` (``query_only`` as well; autocommit: a caller that
     wants one snapshot for several reads says ``BEGIN``), closed on the way out. Raises
-    :class:`sqlite3.Error` when it cannot be opened."""
+    `sqlite3.Error` when it cannot be opened."""
     conn = gated_connect(
         uri(db, immutable=immutable), uri=True, timeout=timeout, isolation_level=None
     )

@@ -2,11 +2,11 @@
 
 Invariants:
 - a row is the durable copy of a record that Kafka has not acknowledged; it leaves the
-  spool only after its acknowledgement (:meth:`Rows.delete` by id, or
-  :meth:`Rows.delete_through` during a replay), so at any instant every accepted record
+  spool only after its acknowledgement (`Rows.delete()` by id, or
+  `Rows.delete_through()` during a replay), so at any instant every accepted record
   is in Kafka, in the spool, or still in the producer's memory;
 - the rows live in the table ``records_all``; ``meta.replayed_through`` is a watermark:
-  a replay acknowledged every row at or below it. :meth:`Rows.delete_through` moves the
+  a replay acknowledged every row at or below it. `Rows.delete_through()` moves the
   watermark instead of deleting rows one by one (in SQLite that cost about 1.2 µs per
   1 KiB row, a fifth of the replaying thread's time); the rows below it are removed when
   no row is left above it (one ``DELETE`` without ``WHERE``: SQLite's truncate
@@ -17,14 +17,14 @@ Invariants:
 - rows are read back in insertion order (``id``), which is send order, so
   per-partition order survives spill and replay;
 - while a spool is open its ids only grow, even when it empties (SQLite would restart
-  at 1): the producer's replay cursor and :meth:`Rows.delete_through` rely on it;
-- every write is one transaction (:meth:`Rows.transaction`): on an error nothing of it
+  at 1): the producer's replay cursor and `Rows.delete_through()` rely on it;
+- every write is one transaction (`Rows.transaction()`): on an error nothing of it
   is committed, and the gauges are counted again from the table where rows may have gone;
 - the gauges ``count`` and ``bytes`` are the rows above the watermark and their bytes;
   a gauge found off (below zero, or "empty" while a row is left) is counted again from
   the table, never shown negative.
 
-Owner: the spool's (:attr:`logsdk.spool.Spool.owner`, shared), checked on every use of
+Owner: the spool's (`logsdk.spool.Spool.owner`, shared), checked on every use of
 the connection. ``count`` and ``bytes`` are published: written by the owner only, read by
 any thread (one attribute read: a whole value, possibly one commit old).
 """
@@ -72,7 +72,7 @@ def id_runs(ids: Iterable[int]) -> list[tuple[int, int]]:
 class Rows:
     """The rows of one spool's open database and the connection they go through (see the
     module docstring). The spool attaches it to each database it opens
-    (:meth:`attach`) and detaches it to close it; ``committed`` is told the bytes each
+    (`attach()`) and detaches it to close it; ``committed`` is told the bytes each
     write transaction committed or freed (the spool's checkpointer)."""
 
     def __init__(
@@ -109,7 +109,7 @@ class Rows:
 
     def detach(self) -> sqlite3.Connection | None:
         """The connection, for the spool to close; no row is read or written after this
-        (until :meth:`attach`)."""
+        (until `attach()`)."""
         conn, self._conn = self._conn, None
         return conn
 
@@ -130,7 +130,7 @@ class Rows:
 
     @property
     def conn(self) -> sqlite3.Connection:
-        """The spool's SQLite connection: its owner's only (checked, see :attr:`owner`)."""
+        """The spool's SQLite connection: its owner's only (checked, see `owner`)."""
         self.owner.check("use the spool's SQLite connection")
         if self._conn is None:
             raise SpoolError("the spool is closed")
@@ -150,7 +150,7 @@ class Rows:
     def transaction(self, what: str, recount: bool = False) -> Iterator[sqlite3.Connection]:
         """``BEGIN`` ... ``COMMIT`` on the spool's connection. On an SQLite error: roll
         back, recount the gauges from the table when asked (rows may have gone meanwhile),
-        and raise :class:`SpoolError` ("spool <what> failed")."""
+        and raise `SpoolError` ("spool <what> failed")."""
         conn = self.conn
         if conn.in_transaction:
             # An earlier ROLLBACK failed (SQLite left the transaction open): every BEGIN
@@ -184,8 +184,8 @@ class Rows:
         self.append_columns(transpose(rows))
 
     def append_columns(self, cols: Columns, total_bytes: int | None = None) -> None:
-        """:meth:`append` of rows already transposed (:func:`transpose`); ``total_bytes``
-        is their :func:`columns_bytes`, if the caller has it."""
+        """`append()` of rows already transposed (`transpose()`); ``total_bytes``
+        is their `columns_bytes()`, if the caller has it."""
         topics, keys, values, headers, tss, seqs = cols
         n = len(topics)
         if not n:
@@ -238,7 +238,7 @@ class Rows:
         return self._read("id, topic, key, value, headers, ts, seq, size", after_id, limit)
 
     def read_replay(self, after_id: int, limit: int) -> list[ReplayRow]:
-        """As :meth:`read_after` without the ``size`` column, which a replay never uses
+        """As `read_after()` without the ``size`` column, which a replay never uses
         (one Python int less to build per row: about 15% of the read's cost), and with
         ``seq`` as the bytes of its ``logsdk.seq`` header (SQLite formats it in C)."""
         return self._read("id, topic, key, value, headers, ts, CAST(seq AS BLOB)", after_id, limit)

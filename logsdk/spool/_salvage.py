@@ -4,13 +4,13 @@ copied into a fresh one.
 Invariants:
 - the damaged file is never written and never deleted: it is renamed (with its ``-wal``
   and ``-shm``) to ``spool.db.corrupt-<time>-<random>`` beside the new one
-  (:func:`move_aside`), read read-only (:mod:`logsdk.spool._readonly`), and left there
+  (`move_aside()`), read read-only (`logsdk.spool._readonly`), and left there
   for inspection (``logsdk spool status`` names it);
 - every row copied keeps its id, and the watermark (``meta.replayed_through``) is copied
   too, so a replay in progress goes on over the same ids and no acknowledged row comes
   back;
 - an id range that cannot be read is skipped, not guessed at: it is reported
-  (:attr:`Salvage.unreadable`), and the rows past it are copied as any other.
+  (`Salvage.unreadable`), and the rows past it are copied as any other.
 
 Owner: none (functions). Called by the spool's owner, on the new database's connection,
 before anything else uses it.
@@ -47,7 +47,7 @@ def move_aside(db: Path) -> Path:
 
 @dataclasses.dataclass
 class Salvage:
-    """What :func:`salvage` read from a damaged database."""
+    """What `salvage()` read from a damaged database."""
 
     rows: int = 0
     rejected: int = 0
@@ -83,7 +83,7 @@ def salvage(src: Path, dst: sqlite3.Connection) -> Salvage:
     Rows are read in id order, a batch at a time; where a read fails (a damaged page), the
     next id from which reading works is found by probing ever further ahead, then
     bisecting back, and the ids skipped are noted as unreadable. Nothing of ``src`` is
-    written: it is opened read-only (:mod:`logsdk.spool._readonly`, by the URI of its
+    written: it is opened read-only (`logsdk.spool._readonly`, by the URI of its
     absolute path), and stays where it is for inspection."""
     out = Salvage()
     ids = _readonly.file_ids(src)

@@ -11,7 +11,7 @@ Invariants:
 - a producer takes the lowest-numbered slot whose lock is free, so the number of slots
   stays at the peak number of producers alive at once (plus slots being drained);
 - records in a free slot belong to no one until a producer takes the slot as its own, or
-  drains it (:func:`orphans` lists them): either way they go to Kafka with the slot's own
+  drains it (`orphans()` lists them): either way they go to Kafka with the slot's own
   producer id and seqs, so the dedupe headers stay unique.
 """
 
@@ -77,7 +77,7 @@ def open_slot(
 
 def is_free(path: Path) -> bool:
     """True when no live producer holds the slot at ``path`` (a moment's answer: the
-    caller must still expect :class:`SpoolLockedError` when it opens the slot)."""
+    caller must still expect `SpoolLockedError` when it opens the slot)."""
     # Under the fork guard: a child forked while the lock is taken here would keep it.
     with fork_guard:
         try:
@@ -97,7 +97,7 @@ def is_free(path: Path) -> bool:
 
 def spooled_records(path: Path) -> int:
     """How many records the spool at ``path`` holds (0 when it has none), read without
-    writing a file beside it (:mod:`logsdk.spool._readonly`). 1 when that cannot be told
+    writing a file beside it (`logsdk.spool._readonly`). 1 when that cannot be told
     (an unreadable file, a WAL with commits but no ``-shm``, a file that changed under the
     read): a producer that opens the slot repairs, recovers or reports it."""
     db = path / DB_NAME

@@ -1,36 +1,36 @@
 """The on-disk spool: SQLite in WAL mode, one database per producer directory.
 
-:class:`Spool` is what a producer holds: it opens a slot's directory and composes its
+`Spool` is what a producer holds: it opens a slot's directory and composes its
 parts, one idea each, in modules of their own:
 
 - the directory: one live producer per directory, an exclusive ``flock`` on ``LOCK``, and
-  only this user's files in it (:mod:`logsdk.spool._dirlock`);
+  only this user's files in it (`logsdk.spool._dirlock`);
 - the identity: the producer id and the seq reservation, in ``state.json``
-  (:mod:`logsdk.spool._state`), which survives a corrupt database moved aside, and in the
+  (`logsdk.spool._state`), which survives a corrupt database moved aside, and in the
   database's ``identity`` table, which survives a lost or damaged ``state.json``; the two
-  are reconciled at every open (:meth:`Spool._reconcile_identity`);
+  are reconciled at every open (`Spool._reconcile_identity()`);
 - the database file: its schema and the checks an open makes
-  (:mod:`logsdk.spool._database`); a damaged one set aside and what can be read of it
-  copied into a fresh one (:mod:`logsdk.spool._salvage`); its WAL checkpoints, on a
-  thread of their own (:mod:`logsdk.spool._checkpoint`), not inside the commits of the
+  (`logsdk.spool._database`); a damaged one set aside and what can be read of it
+  copied into a fresh one (`logsdk.spool._salvage`); its WAL checkpoints, on a
+  thread of their own (`logsdk.spool._checkpoint`), not inside the commits of the
   thread that writes (the producer's pump);
-- the rows, their watermark and their gauges (:mod:`logsdk.spool._rows`), which the spool
+- the rows, their watermark and their gauges (`logsdk.spool._rows`), which the spool
   offers under its own name (``append``, ``read_replay``, ``delete_through``, ...).
 
 Invariants held here:
 - ``PRAGMA quick_check`` and the scans that count the rows and their bytes read the whole
   file (about 0.2 s for 270 MB, measured): an open runs them unless ``state.json`` holds
-  the summary a clean :meth:`Spool.close` left (``closed``: the gauges, and the database
+  the summary a clean `Spool.close()` left (``closed``: the gauges, and the database
   file's size, mtime and inode, with no WAL beside it) and the file still matches it (and
   a row above the watermark exists exactly when the summary counts one). An open removes
   that summary (written, fsynced) before the database is touched, so a crash, a write by
   anything else, or a failed close always leads to a full check; a close leaves one only
   after a checkpoint that emptied the WAL, with gauges known to be exact;
 - a seq once reserved is never used again under the same producer id: the reservation
-  is written to the database first, then to ``state.json`` (:meth:`Spool.reserve_seq`),
+  is written to the database first, then to ``state.json`` (`Spool.reserve_seq()`),
   and an open takes the highest of both and of every seq a row holds.
 
-Owner: see :class:`Spool`.
+Owner: see `Spool`.
 """
 
 from __future__ import annotations
@@ -71,13 +71,13 @@ log = logging.getLogger("logsdk.spool")
 class Spool:
     """A durable FIFO of records for one producer directory.
 
-    Not thread-safe, and owned by one thread (:attr:`owner`): the thread that opens it,
+    Not thread-safe, and owned by one thread (`owner`): the thread that opens it,
     until it hands it on (a producer's constructor hands it to the pump thread, and
     ``close()`` takes it back once the pump has ended). Its parts have the same owner:
-    :attr:`rows` (the rows, their gauges and the SQLite connection), the directory lock,
+    `rows` (the rows, their gauges and the SQLite connection), the directory lock,
     and the checkpointer's requests (its thread has a connection of its own). Every use of
     the SQLite connection is checked against the owner while ownership is checked
-    (:mod:`logsdk._owner`). The gauges ``count`` and ``bytes`` are written by the owner
+    (`logsdk._owner`). The gauges ``count`` and ``bytes`` are written by the owner
     only and may be read by any thread (one attribute read: a whole value, possibly one
     commit old).
     """
@@ -232,7 +232,7 @@ class Spool:
     def rebuild(self, why: str) -> None:
         """The open database was found damaged (a read or write said so): set it aside and
         go on with a fresh one holding every row that can still be read, under the same
-        ids (see :meth:`_set_aside_and_salvage`). Owner only; raises :class:`SpoolError`
+        ids (see `_set_aside_and_salvage()`). Owner only; raises `SpoolError`
         when even a fresh database cannot be made."""
         self.owner.check("rebuild the spool")
         if self._checkpointer is not None:
@@ -247,7 +247,7 @@ class Spool:
         self._start_checkpointer()
 
     def _connect_and_check(self) -> Opened:
-        """Open the database and check it (:func:`~logsdk.spool._database.open_database`),
+        """Open the database and check it (`open_database()`),
         with the summary of the last clean close, once."""
         clean, self._clean = self._clean, None
         known = self.producer_id if self._state_trusted else None
@@ -339,7 +339,7 @@ class Spool:
 
     def reserve_seq(self, upto: int) -> None:
         """Persist, in the database and in ``state.json``, that sequence numbers up to
-        ``upto`` may be used. Raises :class:`SpoolError` if either write fails: no seq of
+        ``upto`` may be used. Raises `SpoolError` if either write fails: no seq of
         the reservation may be used then."""
         with self.rows.transaction("seq reservation") as conn:
             conn.execute("DELETE FROM identity")
@@ -354,7 +354,7 @@ class Spool:
 
     @property
     def conn(self) -> sqlite3.Connection:
-        """The spool's SQLite connection: its owner's only (checked, see :attr:`owner`)."""
+        """The spool's SQLite connection: its owner's only (checked, see `owner`)."""
         return self.rows.conn
 
     @property
@@ -378,49 +378,49 @@ class Spool:
         return self.rows.room()
 
     def append(self, rows: Sequence[Row]) -> None:
-        """:meth:`Rows.append <logsdk.spool._rows.Rows.append>`."""
+        """`Rows.append`."""
         self.rows.append(rows)
 
     def append_columns(self, cols: Columns, total_bytes: int | None = None) -> None:
-        """:meth:`Rows.append_columns <logsdk.spool._rows.Rows.append_columns>`."""
+        """`Rows.append_columns`."""
         self.rows.append_columns(cols, total_bytes)
 
     def read_after(self, after_id: int, limit: int) -> list[StoredRow]:
-        """:meth:`Rows.read_after <logsdk.spool._rows.Rows.read_after>`."""
+        """`Rows.read_after`."""
         return self.rows.read_after(after_id, limit)
 
     def read_replay(self, after_id: int, limit: int) -> list[ReplayRow]:
-        """:meth:`Rows.read_replay <logsdk.spool._rows.Rows.read_replay>`."""
+        """`Rows.read_replay`."""
         return self.rows.read_replay(after_id, limit)
 
     def delete(self, ids: Iterable[int], freed_bytes: int | None = None) -> int:
-        """:meth:`Rows.delete <logsdk.spool._rows.Rows.delete>`."""
+        """`Rows.delete`."""
         return self.rows.delete(ids, freed_bytes)
 
     def delete_through(self, last_id: int) -> int:
-        """:meth:`Rows.delete_through <logsdk.spool._rows.Rows.delete_through>`."""
+        """`Rows.delete_through`."""
         return self.rows.delete_through(last_id)
 
     def holds_rows(self) -> bool:
-        """:meth:`Rows.holds_rows <logsdk.spool._rows.Rows.holds_rows>`."""
+        """`Rows.holds_rows`."""
         return self.rows.holds_rows()
 
     def drop_oldest(self, need_bytes: int, after_id: int = 0) -> int:
-        """:meth:`Rows.drop_oldest <logsdk.spool._rows.Rows.drop_oldest>`."""
+        """`Rows.drop_oldest`."""
         return self.rows.drop_oldest(need_bytes, after_id)
 
     def move_to_rejected(self, pairs: Sequence[tuple[int, str]]) -> None:
-        """:meth:`Rows.move_to_rejected <logsdk.spool._rows.Rows.move_to_rejected>`."""
+        """`Rows.move_to_rejected`."""
         self.rows.move_to_rejected(pairs)
 
     def reject(self, rows: Sequence[tuple[Row, str]]) -> None:
-        """:meth:`Rows.reject <logsdk.spool._rows.Rows.reject>`."""
+        """`Rows.reject`."""
         self.rows.reject(rows)
 
     def rejected_count(self) -> int:
-        """:meth:`Rows.rejected_count <logsdk.spool._rows.Rows.rejected_count>`."""
+        """`Rows.rejected_count`."""
         return self.rows.rejected_count()
 
     def recount_if_off(self) -> None:
-        """:meth:`Rows.recount_if_off <logsdk.spool._rows.Rows.recount_if_off>`."""
+        """`Rows.recount_if_off`."""
         self.rows.recount_if_off()

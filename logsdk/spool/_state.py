@@ -2,19 +2,19 @@
 
 What it holds: ``producer_id`` (text), ``seq_reserved`` (an integer: seqs below it may
 have been used), and, from a clean close until the next open, ``closed``: the gauges and
-the identity of the database file (:data:`SUMMARY_KEYS`, every one an integer), which let
-that open skip the checks that read the whole file (see :mod:`logsdk.spool._spool`).
+the identity of the database file (`SUMMARY_KEYS`, every one an integer), which let
+that open skip the checks that read the whole file (see `logsdk.spool._spool`).
 
 Invariants:
-- written whole, atomically (:func:`write_state`): ``state.tmp`` (mode 0600, never through
+- written whole, atomically (`write_state()`): ``state.tmp`` (mode 0600, never through
   a link) written and fsynced, renamed over ``state.json``, then the directory fsynced: a
   reader finds the old content or the new one, never a mix, and a crash loses neither;
-- one reader, :func:`read_state`, for the spool's open, ``logsdk spool check`` and
+- one reader, `read_state()`, for the spool's open, ``logsdk spool check`` and
   ``logsdk spool status|export``: it never follows a symbolic link, and takes the file
   only when it is a JSON object with a text ``producer_id`` and, if it has one, an integer
-  ``seq_reserved``; otherwise it says why (:class:`StateRead`);
-- a summary counts only whole: every key of :data:`SUMMARY_KEYS` an integer
-  (:func:`summary_of`); anything else stands for no summary.
+  ``seq_reserved``; otherwise it says why (`StateRead`);
+- a summary counts only whole: every key of `SUMMARY_KEYS` an integer
+  (`summary_of()`); anything else stands for no summary.
 
 Owner: none (functions of a directory). A slot's file is written only by the spool that
 holds the slot's lock, on that spool's owning thread; any process may read it.
@@ -37,7 +37,7 @@ TMP_NAME = "state.tmp"
 #: database file's ``size``, ``mtime_ns`` and inode (``ino``).
 SUMMARY_KEYS = ("count", "bytes", "garbage", "mark", "size", "mtime_ns", "ino")
 
-#: What :func:`read_state` found: a usable file (``ok``), none (``missing``), a symbolic
+#: What `read_state()` found: a usable file (``ok``), none (``missing``), a symbolic
 #: link or a directory in its place (``link``, ``directory``: never read, never
 #: replaced), a file that cannot be read (``unreadable``), or one whose content is not a
 #: state (``malformed``).
@@ -46,7 +46,7 @@ Found = Literal["ok", "missing", "link", "directory", "unreadable", "malformed"]
 
 @dataclasses.dataclass(frozen=True)
 class StateRead:
-    """What :func:`read_state` found in a slot."""
+    """What `read_state()` found in a slot."""
 
     found: Found
     #: The file's content when ``found`` is ``ok``, else None.
@@ -92,7 +92,7 @@ def read_state(directory: Path) -> StateRead:
 
 def write_state(directory: Path, state: dict[str, Any]) -> None:
     """Replace the ``state.json`` of ``directory`` with ``state``, atomically and durably
-    (see the module docstring). Raises :class:`OSError` when it cannot."""
+    (see the module docstring). Raises `OSError` when it cannot."""
     path = directory / STATE_NAME
     tmp = directory / TMP_NAME
     data = json.dumps(state).encode()

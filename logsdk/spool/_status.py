@@ -4,17 +4,17 @@ a ``logsdk spool replay`` found in each slot and left there.
 
 Invariants:
 - nothing here takes a slot's lock or writes a row or a file: every read goes through a
-  read-only connection (:mod:`logsdk.spool._readonly`), so a live producer is never
+  read-only connection (`logsdk.spool._readonly`), so a live producer is never
   disturbed;
 - a read of the main file alone (no ``-wal``/``-shm`` beside it) that the file changed
-  under (a producer opening or closing the slot) is made again, :data:`ATTEMPTS` times
-  in all (:func:`read_slot`); then its result comes with a warning;
+  under (a producer opening or closing the slot) is made again, `ATTEMPTS` times
+  in all (`read_slot()`); then its result comes with a warning;
 - a slot's figures are read in one read transaction: they agree with each other;
-- replay counts per slot: the records a slot held before (:func:`look_before_replay`,
+- replay counts per slot: the records a slot held before (`look_before_replay()`,
   up to its highest seq then) are replayed, left or rejected, and nothing a producer
-  added since is counted (:func:`count_left`).
+  added since is counted (`count_left()`).
 
-Owner: none (functions, and :class:`ReplaySlot`, owned by the command that made it); any
+Owner: none (functions, and `ReplaySlot`, owned by the command that made it); any
 thread of any process. Warnings go to ``warn`` (the command line prints them as its own
 lines), by default to the ``logsdk.spool`` logger.
 """
@@ -49,7 +49,7 @@ _log_warning: Warn = log.warning
 
 
 def spool_db(directory: Path) -> Path:
-    """The database of the slot at ``directory``; :class:`SpoolError` when ``directory``
+    """The database of the slot at ``directory``; `SpoolError` when ``directory``
     is not a spool dir."""
     db = directory / DB_NAME
     if not directory.is_dir():
@@ -67,7 +67,7 @@ def read_slot(
     warn: Warn = _log_warning,
 ) -> T:
     """``read(conn)`` on a read-only connection to the slot at ``directory``: it never takes
-    the producer's lock and writes neither a row nor a file (:mod:`logsdk.spool._readonly`).
+    the producer's lock and writes neither a row nor a file (`logsdk.spool._readonly`).
     A read of the main file alone (no ``-wal``/``-shm`` beside it) that the file changed
     under is made again, ``attempts`` times in all; then its result comes with a warning
     (``warn``: each warning, one line)."""

@@ -1,6 +1,6 @@
 """Test helpers shipped with logsdk: a real embedded Kafka broker and fault injection.
 
-Users' own integration tests can use them too::
+Users' own integration tests can use them too:
 
     from logsdk.testing import EmbeddedBroker
 
@@ -12,23 +12,24 @@ Users' own integration tests can use them too::
         broker.heal()
         broker.drop_produce_as_duplicate()  # the next batch is lost, yet "acked"
 
-:class:`MockCluster` is a second, independent Kafka implementation (librdkafka's mock
-cluster): several brokers and commit metadata kept, but no kill, restart or network cut.
+[`MockCluster`][logsdk.testing.MockCluster] is a second, independent Kafka implementation
+(librdkafka's mock cluster): several brokers and commit metadata kept, but no kill, restart or
+network cut.
 
-:class:`ApacheKafka` is Apache Kafka itself (KRaft, one or three nodes, from the jars
-Maven Central serves; needs Java 17+ and, for the first fetch, Maven): leaders that move,
-``min.insync.replicas``, a real group coordinator and transactions::
+[`ApacheKafka`][logsdk.testing.ApacheKafka] is Apache Kafka itself (KRaft, one or three nodes, from
+the jars Maven Central serves; needs Java 17+ and, for the first fetch, Maven): leaders that move,
+``min.insync.replicas``, a real group coordinator and transactions:
 
     with ApacheKafka(nodes=3, proxy=True) as kafka:
         kafka.kill(kafka.leader_of("app-logs", 0))   # the leader crashes
         kafka.restart(1, graceful=True)              # a controlled restart of node 1
 
 The pytest fixtures (``kafka_broker``, ``fresh_topic``, ``broker_factory``) are
-in :mod:`logsdk.testing.pytest_plugin`, registered as a pytest plugin.
+in `logsdk.testing.pytest_plugin`, registered as a pytest plugin.
 
-:func:`producer_hooks` gives a test hooks into one ``LogProducer``: trace its delivery
-reports, wrap its client to fail at an exact instant, slow its connections, look at its
-in-flight table and shm ring.
+[`producer_hooks()`][logsdk.testing.producer_hooks] gives a test hooks into one ``LogProducer``:
+trace its delivery reports, wrap its client to fail at an exact instant, slow its connections, look
+at its in-flight table and shm ring.
 """
 
 from logsdk.testing._admin import create_topic, delete_topic, read_topic

@@ -93,7 +93,7 @@ def read_topic(
 
     Reads with ``assign`` (no consumer group, no commit) from offset 0 until each
     partition reports end-of-partition; ``idle`` keeps reading that many extra seconds
-    after that, for records still on their way. Raises :class:`BrokerError` past
+    after that, for records still on their way. Raises `BrokerError` past
     ``timeout``, or once no record arrived for ``stall_timeout`` seconds (a slow read
     that progresses goes on).
 

@@ -1,7 +1,7 @@
 """Apache Kafka itself (KRaft), one or three nodes on loopback, from Maven Central's jars.
 
 No tarball and no Docker: the broker's jars come from Maven Central into logsdk's jar
-cache (:mod:`logsdk.testing._jars`, the pom in ``apache_kafka/pom.xml``); each node's
+cache (`logsdk.testing._jars`, the pom in ``apache_kafka/pom.xml``); each node's
 storage is formatted with Kafka's own ``kafka.tools.StorageTool``, and the node runs as
 ``java -cp JARS kafka.Kafka server.properties``. Every node is broker and controller at
 once (``process.roles=broker,controller``), the voters fixed in the properties.
@@ -12,7 +12,8 @@ Invariants:
   ``atexit`` kills whatever is still running: a test process that dies leaves no JVM;
 - a node's ports and data directory are fixed at the first start, so a node killed or
   stopped comes back on the same addresses with the data it had;
-- :meth:`ApacheKafka.start` (and :meth:`restart`) return only once an admin client,
+- [`ApacheKafka.start()`][logsdk.testing.ApacheKafka.start] (and `restart()`) return only once an
+admin client,
   connected to the nodes' replication listener (never through the proxy), sees every
   running node registered;
 - three listeners a node: ``CLIENT`` (clients; advertised as the proxy's port with
@@ -75,7 +76,7 @@ JVM_OPTIONS = (
 
 #: For tests: the JIT's first tier only. A node's start then costs about 3.5 s of CPU
 #: instead of 6 (format and start, one node, measured twice each); what a test does on it
-#: runs a little slower, which no test measures. Benchmarks keep :data:`JVM_OPTIONS`.
+#: runs a little slower, which no test measures. Benchmarks keep `JVM_OPTIONS`.
 TEST_JVM_OPTIONS = (*JVM_OPTIONS, "-XX:TieredStopAtLevel=1")
 
 _LIVE: weakref.WeakSet[ApacheKafka] = weakref.WeakSet()
@@ -168,7 +169,8 @@ class _Node:
 class ApacheKafka:
     """Apache Kafka (KRaft) on loopback: ``nodes`` nodes, each broker and controller.
 
-    Use it as a context manager, or call :meth:`start` and :meth:`stop`::
+    Use it as a context manager, or call [`start()`][logsdk.testing.ApacheKafka.start] and
+    [`stop()`][logsdk.testing.ApacheKafka.stop]:
 
         with ApacheKafka(nodes=3, proxy=True) as kafka:
             Producer(kafka.client_config("producer")).produce(...)
@@ -179,9 +181,9 @@ class ApacheKafka:
     Needs a Java 17+ runtime, and Maven the first time (the jars are then cached).
     Nothing is started in the constructor. ``port`` is node 1's client port (the others,
     and every other port, are picked free). ``properties`` override the test cluster's
-    settings (:func:`cluster_properties`). ``workdir`` keeps each node's data and logs
+    settings (`cluster_properties()`). ``workdir`` keeps each node's data and logs
     (``node-N/server.log``) there instead of in a temporary directory removed by
-    :meth:`stop`.
+    [`stop()`][logsdk.testing.ApacheKafka.stop].
     """
 
     def __init__(
@@ -341,12 +343,13 @@ class ApacheKafka:
 
     def cut(self, node_id: int | None = None) -> None:
         """Reset the clients' connections to one node (every node when None) and refuse
-        new ones until :meth:`heal` (needs ``proxy=True``). Replication goes on."""
+        new ones until [`heal()`][logsdk.testing.ApacheKafka.heal] (needs ``proxy=True``).
+        Replication goes on."""
         for node in self._select(node_id):
             self._need_proxy(node, "cut").cut()
 
     def heal(self, node_id: int | None = None) -> None:
-        """Let clients connect again after :meth:`cut`."""
+        """Let clients connect again after [`cut()`][logsdk.testing.ApacheKafka.cut]."""
         for node in self._select(node_id):
             self._need_proxy(node, "heal").heal()
 
@@ -356,13 +359,14 @@ class ApacheKafka:
         return bool(nodes) and all(n.alive() for n in nodes)
 
     def is_paused(self, node_id: int) -> bool:
-        """True between :meth:`pause` and :meth:`resume` of that node."""
+        """True between [`pause()`][logsdk.testing.ApacheKafka.pause] and
+        [`resume()`][logsdk.testing.ApacheKafka.resume] of that node."""
         return self._node(node_id).paused
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until every running node is registered and answers (asked on the
         replication listener, so a cut proxy or a paused node elsewhere does not count);
-        :class:`BrokerStartError` with the logs' tails otherwise."""
+        `BrokerStartError` with the logs' tails otherwise."""
         deadline = time.monotonic() + timeout
         last: object = None
         while True:

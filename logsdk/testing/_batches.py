@@ -1,7 +1,7 @@
 """Record batches (magic 2) inside a ProduceRequest: where they are, whose they are
 (producer id, epoch, base sequence), and their base sequence rewritten.
 
-Part of the test proxy's Kafka codec (:mod:`logsdk.testing._wire` reads the requests;
+Part of the test proxy's Kafka codec (`logsdk.testing._wire` reads the requests;
 this module the record format inside them). Pure functions on bytes, no state. A rewrite
 changes the base sequence and the batch's CRC-32C in place and nothing else, so a frame
 keeps its size and every other byte.

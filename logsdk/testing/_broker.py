@@ -104,19 +104,23 @@ def tansu_binary() -> str:
 class EmbeddedBroker:
     """A real Kafka-protocol broker (Tansu 0.6.0) on loopback, for dev, demos and tests.
 
-    Use it as a context manager, or call :meth:`start` and :meth:`stop`::
+    Use it as a context manager, or call [`start()`][logsdk.testing.EmbeddedBroker.start] and
+    [`stop()`][logsdk.testing.EmbeddedBroker.stop]:
 
         with EmbeddedBroker() as broker:
             Producer(broker.client_config("producer")).produce(...)
 
-    ``durable=True`` keeps the data across :meth:`kill` and :meth:`restart`
-    (Tansu's S3 engine on a moto S3 server in a second child process); without it
-    storage is in memory and lost on restart. ``proxy=True`` puts a TCP proxy
-    between clients and the broker, so :meth:`cut` and :meth:`heal` can take the
-    network away while the broker keeps running, :meth:`drop_produce_as_duplicate`
-    can lose a batch the client believes acknowledged, and :meth:`misreport_earliest`
-    shows readers a partition start above offset 0. Nothing is started in the
-    constructor. Several brokers may run at once.
+    ``durable=True`` keeps the data across [`kill()`][logsdk.testing.EmbeddedBroker.kill] and
+    [`restart()`][logsdk.testing.EmbeddedBroker.restart] (Tansu's S3 engine on a moto S3 server in a
+    second child process); without it storage is in memory and lost on restart. ``proxy=True`` puts
+    a TCP proxy between clients and the broker, so [`cut()`][logsdk.testing.EmbeddedBroker.cut] and
+    [`heal()`][logsdk.testing.EmbeddedBroker.heal] can take the network away while the broker keeps
+    running,
+    [`drop_produce_as_duplicate()`][logsdk.testing.EmbeddedBroker.drop_produce_as_duplicate] can
+    lose a batch the client believes acknowledged, and
+    [`misreport_earliest()`][logsdk.testing.EmbeddedBroker.misreport_earliest] shows readers a
+    partition start above offset 0. Nothing is started in the constructor. Several brokers may run
+    at once.
 
     Tansu 0.6.0 traits to design tests around (found by probing it): ListOffsets
     "latest" returns the base offset + 1 of the batch stored last, and "earliest" the
@@ -284,7 +288,7 @@ class EmbeddedBroker:
         self._need_proxy("cut").cut()
 
     def heal(self) -> None:
-        """Let clients connect again after :meth:`cut`."""
+        """Let clients connect again after [`cut()`][logsdk.testing.EmbeddedBroker.cut]."""
         self._need_proxy("heal").heal()
 
     def drop_produce_as_duplicate(self, count: int = 1) -> None:
@@ -295,36 +299,41 @@ class EmbeddedBroker:
         them delivered (the first without an offset, ``None`` in Python, the rest at
         0, 1, 2...): what a broker that saves a
         producer's sequence before the batch does when it fails in between. See
-        :meth:`TcpProxy.drop_produce_as_duplicate`.
+        `TcpProxy.drop_produce_as_duplicate()`.
         """
         self._need_proxy("drop_produce_as_duplicate").drop_produce_as_duplicate(count)
 
     @property
     def produce_drops_done(self) -> int:
-        """Produce requests lost by :meth:`drop_produce_as_duplicate` so far."""
+        """Produce requests lost by
+        [`drop_produce_as_duplicate()`][logsdk.testing.EmbeddedBroker.drop_produce_as_duplicate] so
+        far."""
         return self._need_proxy("produce_drops_done").produce_drops_done
 
     def hold_produce(self) -> None:
         """Hold the next produce request at the proxy, with everything its client sends
-        after it on that connection, until :meth:`release_held` (needs ``proxy=True``):
-        a broker that stores a request after its client gave up on it, purged it and
-        closed the connection, as Apache Kafka does with requests it had not read from a
-        connection whose earlier request waited in purgatory. See
-        :meth:`TcpProxy.hold_produce`."""
+        after it on that connection, until
+        [`release_held()`][logsdk.testing.EmbeddedBroker.release_held] (needs ``proxy=True``): a
+        broker that stores a request after its client gave up on it, purged it and closed the
+        connection, as Apache Kafka does with requests it had not read from a connection whose
+        earlier request waited in purgatory. See `TcpProxy.hold_produce()`."""
         self._need_proxy("hold_produce").hold_produce()
 
     def release_held(self) -> None:
-        """Forward what :meth:`hold_produce` held to the broker."""
+        """Forward what [`hold_produce()`][logsdk.testing.EmbeddedBroker.hold_produce] held to the
+        broker."""
         self._need_proxy("release_held").release_held()
 
     @property
     def produce_holds_done(self) -> int:
-        """Produce requests that began a hold (:meth:`hold_produce`) so far."""
+        """Produce requests that began a hold
+        ([`hold_produce()`][logsdk.testing.EmbeddedBroker.hold_produce]) so far."""
         return self._need_proxy("produce_holds_done").produce_holds_done
 
     @property
     def held_records(self) -> int:
-        """Records in the produce requests held since the last :meth:`hold_produce`."""
+        """Records in the produce requests held since the last
+        [`hold_produce()`][logsdk.testing.EmbeddedBroker.hold_produce]."""
         return self._need_proxy("held_records").held_records
 
     def fail_metadata(
@@ -341,7 +350,8 @@ class EmbeddedBroker:
 
     @property
     def metadata_faults_done(self) -> int:
-        """Metadata responses changed by :meth:`fail_metadata` so far."""
+        """Metadata responses changed by
+        [`fail_metadata()`][logsdk.testing.EmbeddedBroker.fail_metadata] so far."""
         return self._need_proxy("metadata_faults_done").metadata_faults_done
 
     def misreport_earliest(
@@ -354,12 +364,13 @@ class EmbeddedBroker:
         What Tansu itself answers, under load, when two producers' first batches to a
         partition were stored in another order than their offsets: a reader that starts
         at the earliest offset (``OFFSET_BEGINNING``, ``auto.offset.reset=earliest``)
-        skips the records below it. See :meth:`TcpProxy.misreport_earliest`."""
+        skips the records below it. See `TcpProxy.misreport_earliest()`."""
         self._need_proxy("misreport_earliest").misreport_earliest(offset, count, topics=topics)
 
     @property
     def earliest_misreports_done(self) -> int:
-        """ListOffsets responses changed by :meth:`misreport_earliest` so far."""
+        """ListOffsets responses changed by
+        [`misreport_earliest()`][logsdk.testing.EmbeddedBroker.misreport_earliest] so far."""
         return self._need_proxy("earliest_misreports_done").earliest_misreports_done
 
     @property
@@ -373,7 +384,8 @@ class EmbeddedBroker:
 
     @property
     def is_paused(self) -> bool:
-        """True between :meth:`pause` and :meth:`resume`."""
+        """True between [`pause()`][logsdk.testing.EmbeddedBroker.pause] and
+        [`resume()`][logsdk.testing.EmbeddedBroker.resume]."""
         return self._paused
 
     def log_tail(self, lines: int = 30) -> str:

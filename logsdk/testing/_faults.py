@@ -1,11 +1,11 @@
-"""The test proxy's fault modes (:class:`~logsdk.testing._proxy.TcpProxy`): each armed by a
+"""The test proxy's fault modes (`TcpProxy`): each armed by a
 test's thread and applied to Kafka frames on the proxy's event loop thread.
 
-- :class:`ProduceDrops`: ProduceRequests swallowed and answered DUPLICATE_SEQUENCE_NUMBER,
+- `ProduceDrops`: ProduceRequests swallowed and answered DUPLICATE_SEQUENCE_NUMBER,
   and the later batches of their producers renumbered so the broker sees no gap.
-- :class:`MetadataFaults`: an error code set on topics in all-topics Metadata responses.
-- :class:`EarliestMisreports`: another offset answered for ListOffsets EARLIEST.
-- :class:`ProduceHolds`: which ProduceRequests a hold takes, and their records counted
+- `MetadataFaults`: an error code set on topics in all-topics Metadata responses.
+- `EarliestMisreports`: another offset answered for ListOffsets EARLIEST.
+- `ProduceHolds`: which ProduceRequests a hold takes, and their records counted
   (the connections held and their pending frames are the proxy's).
 
 Owners: each mode has its own lock, which guards what it was armed with and what it has
@@ -47,7 +47,7 @@ def _check_count(count: int) -> None:
 
 class ProduceDrops:
     """ProduceRequests to swallow and answer as duplicates (see
-    :meth:`TcpProxy.drop_produce_as_duplicate`), and the versions of those seen."""
+    `TcpProxy.drop_produce_as_duplicate()`), and the versions of those seen."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -111,13 +111,13 @@ class ProduceDrops:
 
     def renumber(self, frame: bytes, req: ProduceRequest) -> bytes:
         """``frame`` with the batches that follow a lost one renumbered (see
-        :func:`~logsdk.testing._batches.renumber`); unchanged while none was lost."""
+        `renumber()`); unchanged while none was lost."""
         return renumber(frame, req, self._lost) if self._lost else frame
 
 
 class MetadataFaults:
     """An error code to set on topics in the next all-topics Metadata responses (see
-    :meth:`TcpProxy.fail_metadata`)."""
+    `TcpProxy.fail_metadata()`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -167,7 +167,7 @@ class MetadataFaults:
 
 class EarliestMisreports:
     """An offset to answer in place of the broker's for ListOffsets EARLIEST in the next
-    responses that carry one (see :meth:`TcpProxy.misreport_earliest`)."""
+    responses that carry one (see `TcpProxy.misreport_earliest()`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -232,7 +232,7 @@ class EarliestMisreports:
 
 class ProduceHolds:
     """Whether the next ProduceRequest begins a hold, and the holds and records counted
-    (see :meth:`TcpProxy.hold_produce`)."""
+    (see `TcpProxy.hold_produce()`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -119,7 +119,7 @@ class _Traced(_Client):
 
 
 class _SlowFirstMetadata(_Client):
-    """The first metadata request waits (see :meth:`ProducerHooks.delay_connect`)."""
+    """The first metadata request waits (see `ProducerHooks.delay_connect()`)."""
 
     def __init__(self, real: Any, seconds: float, stop: threading.Event) -> None:
         super().__init__(real)

@@ -1,7 +1,7 @@
 """Jars from Maven Central, fetched once by Maven into logsdk's jar cache.
 
 A pom shipped in the package names what a JVM part of the tests needs (Apache Kafka's
-broker, Spark's connectors); :func:`maven_jars` runs Maven on it once and keeps the jars
+broker, Spark's connectors); `maven_jars()` runs Maven on it once and keeps the jars
 in a directory of the cache named after the pom's content, so that a changed pom (a new
 version) gets a directory of its own and an unchanged one is reused by every run and
 every xdist worker.
@@ -94,8 +94,8 @@ def jar_dir(pom: Path, name: str) -> Path:
 def maven_jars(pom: Path, name: str, *, timeout: float = FETCH_TIMEOUT_S) -> list[Path]:
     """The jars ``pom`` depends on (transitively), fetched by Maven on first use.
 
-    :class:`~logsdk.errors.BrokerBinaryNotFound` when Maven is needed and missing, or
-    fails (its output's tail in the message).
+    [`BrokerBinaryNotFound`][logsdk.errors.BrokerBinaryNotFound] when Maven is needed and missing,
+    or fails (its output's tail in the message).
     """
     target = jar_dir(pom, name)
     if not target.is_dir():

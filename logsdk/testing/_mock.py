@@ -1,12 +1,12 @@
 """librdkafka's mock cluster as a second broker kind for tests, beside EmbeddedBroker.
 
 librdkafka (the C library inside confluent-kafka) hosts a cluster of Kafka-protocol
-brokers on loopback ports, in threads of a client handle of its own. :class:`MockCluster`
-hosts it in a child process (``python -m logsdk.testing._mock``, driven by one JSON line
-per command on its stdin), so that the test's own process holds no broker threads or
-broker memory: a fork in a test copies none of them and an RSS bound measures the
-client alone. Any client reaches it through its ports. It was written by other people than
-Tansu, to the same protocol, and differs from it where logsdk needs it: it keeps offset
+brokers on loopback ports, in threads of a client handle of its own.
+[`MockCluster`][logsdk.testing.MockCluster] hosts it in a child process (``python -m
+logsdk.testing._mock``, driven by one JSON line per command on its stdin), so that the test's own
+process holds no broker threads or broker memory: a fork in a test copies none of them and an RSS
+bound measures the client alone. Any client reaches it through its ports. It was written by other
+people than Tansu, to the same protocol, and differs from it where logsdk needs it: it keeps offset
 commit metadata (Tansu drops it) and it has several brokers (partition leaders on
 different brokers, replication factor 3). It is driven here through librdkafka's own mock
 API (``rd_kafka_mock_*``, called with ctypes on the librdkafka that confluent-kafka
@@ -15,15 +15,16 @@ loaded), which creates topics with an exact partition count and takes brokers do
 What it can and cannot show:
 
 - can: a multi-broker cluster; topics of any partition count and replication factor
-  (:meth:`MockCluster.create_topic`; a topic first named by a client is auto-created
-  with 4 partitions); idempotent and transactional producers; consumer groups; commit
-  metadata kept; a broker down while the others serve (:meth:`MockCluster.broker_down`);
+  ([`MockCluster.create_topic()`][logsdk.testing.MockCluster.create_topic]; a topic first named by a
+  client is auto-created with 4 partitions); idempotent and transactional producers; consumer
+  groups; commit metadata kept; a broker down while the others serve
+  ([`MockCluster.broker_down()`][logsdk.testing.MockCluster.broker_down]);
 - keeps only about the last 5 MiB of each partition (older records are deleted as new
   ones arrive, as retention would): a test that reads back more than that from one
   partition must spread it over more partitions;
 - cannot: a restart of the broker (its data lives in the child's memory and is gone
   when the cluster stops), a network cut or stall of the proxy kind, durable
-  storage: use :class:`~logsdk.testing.EmbeddedBroker` for those.
+  storage: use [`EmbeddedBroker`][logsdk.testing.EmbeddedBroker] for those.
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ class MockCluster:
     """A librdkafka mock cluster of ``brokers`` brokers (ids 1..n) on loopback, hosted by
     a child process, for tests.
 
-    Use as a context manager (or :meth:`start`/:meth:`stop`); clients connect through
-    :attr:`bootstrap_servers`.
+    Use as a context manager (or
+    [`start()`][logsdk.testing.MockCluster.start]/[`stop()`][logsdk.testing.MockCluster.stop]);
+    clients connect through [`bootstrap_servers`][logsdk.testing.MockCluster.bootstrap_servers].
     """
 
     def __init__(self, brokers: int = 3) -> None:
@@ -220,7 +222,8 @@ class MockCluster:
         self._set(broker_id, up=False)
 
     def broker_up(self, broker_id: int) -> None:
-        """Bring a broker taken down by :meth:`broker_down` back."""
+        """Bring a broker taken down by [`broker_down()`][logsdk.testing.MockCluster.broker_down]
+        back."""
         self._set(broker_id, up=True)
 
     def _set(self, broker_id: int, up: bool) -> None:

@@ -3,7 +3,7 @@ the process that started them, their output kept in a file for a failing test's 
 
 Invariants:
 - every child gets SIGKILL when this process dies (Linux ``PR_SET_PDEATHSIG``, armed in
-  the child before exec), and is started from :data:`_spawner`'s long-lived thread, so the
+  the child before exec), and is started from `_spawner`'s long-lived thread, so the
   death signal is tied to the process and not to the thread that asked for the child;
 - a child runs in a process group of its own, its stdout and stderr in one log file.
 
@@ -113,7 +113,7 @@ _spawner = _Spawner()
 
 def spawn_logged(cmd: list[str], env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     """Start ``cmd`` with its stdout and stderr in ``log``: in a process group of its own,
-    SIGKILLed by the kernel if this process dies first (forked from :data:`_spawner`'s
+    SIGKILLed by the kernel if this process dies first (forked from `_spawner`'s
     long-lived thread, so that the death signal is tied to the process)."""
     return _spawner.run(
         lambda: subprocess.Popen(
@@ -181,7 +181,7 @@ def start_s3_server(
     port: int, bucket: str, env: dict[str, str], log_path: Path, timeout: float
 ) -> ChildProcess:
     """moto's S3 server on ``127.0.0.1:port`` in a child process that dies with this one,
-    returned once it has created ``bucket``; :class:`BrokerStartError` with its log's tail
+    returned once it has created ``bucket``; `BrokerStartError` with its log's tail
     if it exits or does not answer within ``timeout`` seconds."""
     cmd = [
         sys.executable,

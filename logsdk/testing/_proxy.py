@@ -54,9 +54,9 @@ correlation id, so that a response it makes up is sent only after the responses
 to every earlier request on that connection: a client expects them in order.
 
 Parts: the Kafka wire codec (frames, headers, the requests read and the responses made
-or rewritten) is :mod:`logsdk.testing._wire`, with the record batches inside a
-ProduceRequest in :mod:`logsdk.testing._batches`; each fault mode is a part of
-:mod:`logsdk.testing._faults`, which owns what it was armed with. This module owns the
+or rewritten) is `logsdk.testing._wire`, with the record batches inside a
+ProduceRequest in `logsdk.testing._batches`; each fault mode is a part of
+`logsdk.testing._faults`, which owns what it was armed with. This module owns the
 connections. Owners: the listener, every connection (``_Conn``: the answers it is owed,
 its hold) and the list of held connections belong to the proxy's event loop thread; a
 test's thread arms the fault modes (each under its own lock) and hands ``cut()``,
@@ -162,7 +162,7 @@ class TcpProxy:
 
     @property
     def produce_drops_armed(self) -> int:
-        """ProduceRequests still to be dropped by :meth:`drop_produce_as_duplicate`."""
+        """ProduceRequests still to be dropped by `drop_produce_as_duplicate()`."""
         return self._drops.armed
 
     @property
@@ -177,7 +177,7 @@ class TcpProxy:
 
     @property
     def metadata_faults_done(self) -> int:
-        """Metadata responses :meth:`fail_metadata` has changed so far."""
+        """Metadata responses `fail_metadata()` has changed so far."""
         return self._meta.done
 
     def fail_metadata(
@@ -197,7 +197,7 @@ class TcpProxy:
 
     @property
     def earliest_misreports_done(self) -> int:
-        """ListOffsets responses :meth:`misreport_earliest` has changed so far."""
+        """ListOffsets responses `misreport_earliest()` has changed so far."""
         return self._early.done
 
     def misreport_earliest(
@@ -213,18 +213,18 @@ class TcpProxy:
 
     @property
     def produce_holds_done(self) -> int:
-        """ProduceRequests that began a hold (see :meth:`hold_produce`) so far."""
+        """ProduceRequests that began a hold (see `hold_produce()`) so far."""
         return self._holds.done
 
     @property
     def held_records(self) -> int:
-        """Records in the ProduceRequests held since the last :meth:`hold_produce` (the
+        """Records in the ProduceRequests held since the last `hold_produce()` (the
         held one and those sent behind it on its connection)."""
         return self._holds.records
 
     def hold_produce(self) -> None:
         """Hold the next ProduceRequest (``acks`` != 0) and every frame its client sends
-        after it on that connection, until :meth:`release_held`: as a Kafka broker reads
+        after it on that connection, until `release_held()`: as a Kafka broker reads
         nothing more from a connection whose produce request waits in purgatory. Other
         connections pass. The held frames are forwarded in order on release, even if the
         client closed the connection meanwhile (the broker then stores what a client
@@ -232,7 +232,7 @@ class TcpProxy:
         self._holds.arm()
 
     def release_held(self) -> None:
-        """Forward what :meth:`hold_produce` held (an armed hold not yet begun is
+        """Forward what `hold_produce()` held (an armed hold not yet begun is
         disarmed)."""
         self._holds.disarm()
         loop = self._loop
@@ -439,7 +439,7 @@ class TcpProxy:
     ) -> None:
         """Copy ``src`` to ``dst`` frame by frame through ``on_frame``, which returns
         what to forward in the frame's place; with ``held``, frames wait in its
-        ``pending`` while a hold is on (see :meth:`hold_produce`)."""
+        ``pending`` while a hold is on (see `hold_produce()`)."""
         try:
             while not self._cut:
                 try:

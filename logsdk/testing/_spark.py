@@ -4,14 +4,14 @@ Two poms shipped in the package name them: ``spark_kafka/pom.xml``, Spark's Kafk
 (``spark-sql-kafka-0-10_2.13``, at the version of the pyspark installed) and
 ``hadoop_aws/pom.xml``, Hadoop's ``s3a://`` filesystem (``hadoop-aws`` at the version of
 the Hadoop client pyspark bundles, with its AWS SDK bundle). Maven fetches each once
-into logsdk's jar cache (:func:`logsdk.testing._jars.maven_jars`); Spark gets the files
-as ``local:`` URIs in ``spark.jars`` (:func:`spark_jars_conf`), never through its own Ivy
+into logsdk's jar cache (`logsdk.testing._jars.maven_jars()`); Spark gets the files
+as ``local:`` URIs in ``spark.jars`` (`spark_jars_conf()`), never through its own Ivy
 (``spark.jars.packages``), so nothing is downloaded while a test runs, and no executor
 copies a jar (``local:`` names a file every process of the machine already has).
 
 A connector is built against one Spark release: a pyspark whose version differs from the
 pom's fails here, before a JVM starts, with what to install
-(:class:`~logsdk.errors.ConfigError`).
+([`ConfigError`][logsdk.errors.ConfigError]).
 
     python -m logsdk.testing._spark      # fill the cache (make jars); prints the dirs
 """

@@ -1,25 +1,25 @@
-"""The Kafka wire codec of the test proxy (:mod:`logsdk.testing._proxy`): pure functions
+"""The Kafka wire codec of the test proxy (`logsdk.testing._proxy`): pure functions
 on bytes, no sockets, no state.
 
 - Frames: every Kafka message on a connection is an int32 size, then the message
-  (:func:`frame_size`). A request starts with its header (api key, version, correlation
-  id: :func:`request_header`), a response with the correlation id of the request it
-  answers (:func:`response_correlation_id`); a client expects the responses in the order
+  (`frame_size()`). A request starts with its header (api key, version, correlation
+  id: `request_header()`), a response with the correlation id of the request it
+  answers (`response_correlation_id()`); a client expects the responses in the order
   of its requests.
-- Requests the proxy reads: ProduceRequest v3-13 (:func:`parse_produce`; the record
-  batches inside it: :mod:`logsdk.testing._batches`), all-topics MetadataRequest v1-13
-  (:func:`metadata_all_topics`), ListOffsetsRequest v1-10 asking EARLIEST
-  (:func:`list_offsets_earliest`). Any other version or API is "not understood": the
+- Requests the proxy reads: ProduceRequest v3-13 (`parse_produce()`; the record
+  batches inside it: `logsdk.testing._batches`), all-topics MetadataRequest v1-13
+  (`metadata_all_topics()`), ListOffsetsRequest v1-10 asking EARLIEST
+  (`list_offsets_earliest()`). Any other version or API is "not understood": the
   parser returns None and the proxy passes the frame unchanged.
 - Frames the proxy writes or rewrites: a ProduceResponse it makes up
-  (:func:`duplicate_response`), the error code of topics in a MetadataResponse
-  (:func:`metadata_topic_errors`, :func:`set_topic_errors`), the offset of partitions in
-  a ListOffsetsResponse (:func:`list_offsets_answers`, :func:`set_offsets`).
+  (`duplicate_response()`), the error code of topics in a MetadataResponse
+  (`metadata_topic_errors()`, `set_topic_errors()`), the offset of partitions in
+  a ListOffsetsResponse (`list_offsets_answers()`, `set_offsets()`).
 
 Invariants: a rewrite changes only the fields it names, in place, so a frame keeps its
 size and every other byte. A request parser returns None for a frame it cannot read
 (short, malformed, another API or version); a response reader raises one of
-:data:`NOT_UNDERSTOOD` instead, and the caller passes that response unchanged.
+`NOT_UNDERSTOOD` instead, and the caller passes that response unchanged.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ NOT_UNDERSTOOD = (IndexError, struct.error, UnicodeDecodeError)
 
 def frame_size(head: bytes) -> int | None:
     """The size a frame's 4-byte prefix gives, or None when it cannot be Kafka framing
-    (negative, or above :data:`MAX_FRAME`)."""
+    (negative, or above `MAX_FRAME`)."""
     (size,) = struct.unpack(">i", head)
     return size if 0 <= size <= MAX_FRAME else None
 
@@ -385,7 +385,7 @@ def list_offsets_answers(frame: bytes, version: int) -> list[tuple[str, int, int
 
 def set_topic_errors(frame: bytes, spots: Iterable[int], error_code: int) -> bytes:
     """``frame`` (a MetadataResponse) with ``error_code`` at each topic's error code
-    position in ``spots`` (from :func:`metadata_topic_errors`)."""
+    position in ``spots`` (from `metadata_topic_errors()`)."""
     buf = bytearray(frame)
     for at in spots:
         struct.pack_into(">h", buf, at, error_code)
@@ -394,7 +394,7 @@ def set_topic_errors(frame: bytes, spots: Iterable[int], error_code: int) -> byt
 
 def set_offsets(frame: bytes, spots: Iterable[int], offset: int) -> bytes:
     """``frame`` (a ListOffsetsResponse) with ``offset`` at each partition's offset
-    position in ``spots`` (from :func:`list_offsets_answers`)."""
+    position in ``spots`` (from `list_offsets_answers()`)."""
     buf = bytearray(frame)
     for at in spots:
         struct.pack_into(">q", buf, at, offset)

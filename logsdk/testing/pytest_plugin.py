@@ -2,22 +2,22 @@
 
 Fixtures:
 
-- ``kafka_broker`` (session): a :class:`KafkaTarget`. The broker is chosen, in order:
+- ``kafka_broker`` (session): a `KafkaTarget`. The broker is chosen, in order:
   ``LOGSDK_TEST_BOOTSTRAP`` names an external cluster; a testcontainers Kafka when a
   Docker engine answers; otherwise the embedded broker (Tansu). Set
   ``LOGSDK_TEST_BROKER=embedded`` to skip the Docker probe.
 - ``fresh_topic`` (function): a factory, ``fresh_topic(partitions=3) -> name``, that
   creates a topic with a unique name for this test.
-- ``broker_factory`` (function): a factory of :class:`EmbeddedBroker` instances that
+- ``broker_factory`` (function): a factory of `EmbeddedBroker` instances that
   the test may kill, pause or cut off; stopped at the end of the test. Skipped, with
   the reason, when ``LOGSDK_TEST_BOOTSTRAP`` points at an external cluster.
 - ``apache_kafka`` (session): Apache Kafka itself, one KRaft node
-  (:class:`~logsdk.testing.ApacheKafka`), as a :class:`KafkaTarget`.
+  ([`ApacheKafka`][logsdk.testing.ApacheKafka]), as a `KafkaTarget`.
 - ``apache_cluster`` (session): Apache Kafka, three KRaft nodes, shared by every test of
   the session (each xdist worker) that asks for it; a test must leave its nodes running
   (kill, stop, pause or cut nodes on a cluster of ``apache_cluster_factory``).
 - ``apache_cluster_factory`` (function): a factory of started
-  :class:`~logsdk.testing.ApacheKafka` clusters (three nodes unless told) that the test
+  [`ApacheKafka`][logsdk.testing.ApacheKafka] clusters (three nodes unless told) that the test
   may kill, pause, restart or cut off; killed at the end of the test, their logs kept
   under the test's ``tmp_path`` and named in the report of a test that failed.
 
@@ -27,7 +27,7 @@ fixture; one marked ``embedded_and_apache`` runs on the first and the last.
 
 Markers: ``integration``, ``fault``, ``slow``, ``spark``, ``apache_kafka``.
 
-Ownership checks (:mod:`logsdk._owner`) are on in every test session that loads this
+Ownership checks (`logsdk._owner`) are on in every test session that loads this
 plugin (``LOGSDK_CHECK_OWNERS=1``, inherited by the processes tests start; set it to
 ``0`` to turn them off): a logsdk object used by a thread that does not own it raises at
 once, and a violation seen on any thread fails the test during (or after) which it was
@@ -138,7 +138,7 @@ class KafkaTarget:
     def client_config(
         self, role: Literal["producer", "consumer", "admin"] = "consumer"
     ) -> ClientConfig:
-        """Client settings for this cluster (see :meth:`EmbeddedBroker.client_config`)."""
+        """Client settings for this cluster (see `EmbeddedBroker.client_config()`)."""
         if self.embedded is not None:
             return self.embedded.client_config(role)
         if self.mock is not None:
@@ -254,7 +254,7 @@ def kafka_broker() -> Iterator[KafkaTarget]:
 
 @pytest.fixture(scope="session")
 def mock_cluster() -> Iterator[KafkaTarget]:
-    """librdkafka's mock cluster, 3 brokers (see :class:`~logsdk.testing.MockCluster`)."""
+    """librdkafka's mock cluster, 3 brokers (see [`MockCluster`][logsdk.testing.MockCluster])."""
     target = open_target("mock")
     try:
         yield target
@@ -264,7 +264,7 @@ def mock_cluster() -> Iterator[KafkaTarget]:
 
 @pytest.fixture(scope="session")
 def apache_kafka() -> Iterator[KafkaTarget]:
-    """Apache Kafka, one KRaft node (see :class:`~logsdk.testing.ApacheKafka`)."""
+    """Apache Kafka, one KRaft node (see [`ApacheKafka`][logsdk.testing.ApacheKafka])."""
     target = open_target("apache")
     try:
         yield target
@@ -317,7 +317,7 @@ def fresh_topic(kafka: KafkaTarget, request: pytest.FixtureRequest) -> Callable[
 
 @pytest.fixture
 def broker_factory() -> Iterator[Callable[..., EmbeddedBroker]]:
-    """Factory of started :class:`EmbeddedBroker` instances, killed after the test."""
+    """Factory of started `EmbeddedBroker` instances, killed after the test."""
     if os.environ.get(ENV_BOOTSTRAP, "").strip():
         pytest.skip(
             f"{ENV_BOOTSTRAP} points at an external cluster; fault tests need a broker "
@@ -351,7 +351,7 @@ def apache_cluster_factory(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., ApacheKafka]]:
     """Factory: ``apache_cluster_factory(nodes=3, **kw)`` is a started
-    :class:`~logsdk.testing.ApacheKafka`, killed after the test. Its nodes' data and logs
+    [`ApacheKafka`][logsdk.testing.ApacheKafka], killed after the test. Its nodes' data and logs
     are kept under a directory of the test's own (pytest keeps the last runs'); a test
     that failed names each node's log file."""
     clusters: list[ApacheKafka] = []

@@ -35,6 +35,12 @@ pytestmark = [
     pytest.mark.fault,
     pytest.mark.slow,
     pytest.mark.apache_kafka,
+    pytest.mark.three_nodes,
+    # make test runs the three-node tests in a stage of their own, two xdist workers
+    # (--dist loadgroup): one runs these clusters and the Apache chaos seed one after the
+    # other, the other the rebalance tests' shared cluster. Four clusters at once beside
+    # the other fault tests on 2 cores (load 17-21) failed tests of every kind.
+    pytest.mark.xdist_group("three_nodes"),
 ]
 
 ClusterFactory = Callable[..., ApacheKafka]

@@ -22,7 +22,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 
 @pytest.mark.parametrize(
-    "broker", ["embedded", pytest.param("apache", marks=pytest.mark.apache_kafka)]
+    "broker",
+    [
+        "embedded",
+        # With the three-node fault tests, one at a time (tests/fault/test_apache_cluster.py).
+        pytest.param(
+            "apache",
+            marks=[
+                pytest.mark.apache_kafka,
+                pytest.mark.three_nodes,
+                pytest.mark.xdist_group("three_nodes"),
+            ],
+        ),
+    ],
 )
 def test_chaos_60s_seed_1_loses_nothing(broker: str) -> None:
     """Producers, a consumer group and a nemesis for 60 s: missing 0, duplicates 0. On

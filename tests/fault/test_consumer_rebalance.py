@@ -41,6 +41,11 @@ pytestmark = [
     pytest.mark.fault,
     pytest.mark.slow,
     pytest.mark.apache_kafka,
+    pytest.mark.three_nodes,
+    # One xdist worker runs them all (--dist loadgroup), on one shared three-node cluster:
+    # a cluster per worker (up to 12 JVMs beside the other fault tests on 2 cores) made
+    # members miss their 2 s sessions and the steady load's writes time out.
+    pytest.mark.xdist_group("apache_cluster"),
 ]
 
 PROTOCOLS = ["eager", "cooperative", "consumer"]

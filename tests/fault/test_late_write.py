@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,11 @@ from tests.conftest import FAST, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
 BrokerFactory = Callable[..., EmbeddedBroker]
+
+#: FAST, and the records sent while the broker holds produce requests in one or two
+#: requests however slowly the test's loop runs: at most five requests are in flight
+#: (idempotence), and a record behind them would never reach the broker to be held.
+LINGERING: dict[str, Any] = {**FAST, "kafka_config": {**FAST["kafka_config"], "linger.ms": 200}}
 
 
 def test_records_purged_in_flight_and_stored_late_keep_their_order_when_the_spool_is_full(
@@ -41,7 +47,7 @@ def test_records_purged_in_flight_and_stored_late_keep_their_order_when_the_spoo
         broker.bootstrap_servers,
         topic,
         tmp_path,
-        **FAST,
+        **LINGERING,
         spool_max_bytes=room * (len(value) + ROW_OVERHEAD),
         when_full="drop_oldest",
     )
@@ -118,7 +124,7 @@ def test_replayed_rows_purged_in_flight_and_stored_late_keep_their_order_when_th
         broker.bootstrap_servers,
         topic,
         tmp_path,
-        **FAST,
+        **LINGERING,
         spool_max_bytes=room * (len(value) + ROW_OVERHEAD),
         when_full="drop_oldest",
     )

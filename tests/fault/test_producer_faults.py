@@ -261,11 +261,12 @@ def test_slow_replay_acknowledgements_are_not_a_stall(
     one request in flight) is progress, not a stall: no degrade, however long it takes
     to reach a replay batch's worth of acknowledgements."""
     port = free_port()
-    # Two replay batches of 20k, acknowledged one record at a time: about 10k records/s
-    # alone on the machine (2 s a batch), far slower beside other tests. The stall timeout
-    # is wide enough that a test worker descheduled for half a second on a loaded 2-core
-    # machine is not taken for a stalled broker, and shorter than a batch's acks.
-    n = 40_000
+    # Two replay batches of 40k, acknowledged one record at a time: about 10k records/s
+    # alone on the machine (4 s a batch), far slower beside other tests. The stall timeout
+    # is wide enough that the producer's threads descheduled for a second on a loaded
+    # 2-core machine are not taken for a stalled broker (a 1 s timeout degraded at load
+    # 8-10 beside three-node Apache Kafka clusters), and shorter than a batch's acks.
+    n = 80_000
     p = LogProducer(f"127.0.0.1:{port}", "slow-acks", tmp_path, **FAST)
     for i in range(n):
         p.send(b"%d" % i)
@@ -275,8 +276,8 @@ def test_slow_replay_acknowledgements_are_not_a_stall(
     create_topic(broker.bootstrap_servers, "slow-acks", 1, exist_ok=True)
     slow = {
         **FAST,
-        "stall_timeout_s": 1.0,
-        "replay_batch": 20_000,
+        "stall_timeout_s": 2.0,
+        "replay_batch": 40_000,
         "kafka_config": {
             **FAST["kafka_config"],
             "batch.num.messages": 1,
@@ -291,7 +292,7 @@ def test_slow_replay_acknowledgements_are_not_a_stall(
         t0 = time.monotonic()
         wait_until(
             lambda: (s := p.stats())["state"] == "ONLINE" and s["spool_records"] == 0,
-            120,
+            240,
             "the spool replayed",
         )
         took = time.monotonic() - t0

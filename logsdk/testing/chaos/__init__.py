@@ -2,34 +2,34 @@
 
 ``python -m logsdk.testing.chaos --duration 300 --seed N [--json]``
 
-- Workload (:mod:`._workload`): several producer processes (LogProducer, memory and
+- Workload (`_workload`): several producer processes (LogProducer, memory and
   shared-memory buffers where available) send JSON log records to one topic; a consumer
   group of LogConsumer processes stores them exactly-once in one SQLite file
   (SQLiteSink with dedupe on the logsdk headers).
-- Nemesis (:mod:`._nemesis`), on a schedule drawn from ``--seed``: SIGKILL + restart of
+- Nemesis (`_nemesis`), on a schedule drawn from ``--seed``: SIGKILL + restart of
   the (durable) broker, SIGSTOP/SIGCONT of the broker, a network cut through the proxy,
   SIGKILL + restart of a producer (only ones whose buffer survives it: ``shm``) and of a
   consumer, and a long cut that fills one producer's small spool to its cap. With
   ``--broker apache`` the broker is Apache Kafka, three nodes (replication factor 3,
   ``min.insync.replicas=2``), and its faults are the leader of a partition SIGKILLed
   and restarted, and one node SIGSTOPped and resumed.
-- Checker (:mod:`._checker`): every record a producer's ``send()`` accepted (reported by
+- Checker (`_checker`): every record a producer's ``send()`` accepted (reported by
   the producer as it goes, so a SIGKILL loses no bookkeeping) must be in the sink exactly
   once, except those its own counters say the overflow policy dropped. The producers'
-  delivery reports (:mod:`._history`) explain what went missing or out of order.
-  Ownership checks (:mod:`logsdk._owner`) are on in every process of the run, and
+  delivery reports (`_history`) explain what went missing or out of order.
+  Ownership checks (`logsdk._owner`) are on in every process of the run, and
   producers reserve seqs in small blocks (``--seq-block``) so that a run crosses many
   reservations; a violation logged by any child fails the run. After each fault, and
   once the producers have closed, every producer's spool dir is checked read-only
   (``logsdk spool check``): a problem found there fails the run too.
-- :func:`chaos` (:mod:`._run`) composes them; :func:`main` (:mod:`._main`) is the command.
+- `chaos()` (`_run`) composes them; `main()` (`_main`) is the command.
 
 The last line with ``--json`` is one JSON object: accepted, in_sink, missing,
 duplicates, dropped, max_latency_s, degraded_s, events, verdict. Exit status 1 on
 any loss or duplicate.
 
-Tests that trace a producer's delivery reports import :func:`trace_deliveries` and
-:func:`unconfirmed_seqs` from here.
+Tests that trace a producer's delivery reports import `trace_deliveries()` and
+`unconfirmed_seqs()` from here.
 """
 
 from logsdk.testing.chaos._history import trace_deliveries, unconfirmed_seqs

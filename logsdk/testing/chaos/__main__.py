@@ -1,4 +1,4 @@
-"""``python -m logsdk.testing.chaos``: see :mod:`logsdk.testing.chaos._main`."""
+"""``python -m logsdk.testing.chaos``: see `logsdk.testing.chaos._main`."""
 
 import sys
 

@@ -12,13 +12,13 @@ Rules:
   (consumer side). It also gives the wire duplicates, the per-partition order, and the
   holes in each partition's offsets.
 - An order violation is a failure unless the record's own delivery report was
-  unconfirmed (:mod:`logsdk.testing.chaos._history`): such a record was resent and lands
+  unconfirmed (`logsdk.testing.chaos._history`): such a record was resent and lands
   after records sent later; those are counted apart.
 - Any ownership violation a process of the run logged, and any problem ``logsdk spool
   check`` found in a producer's spool, fails the run.
 
 Everything here reads files the run's children wrote, after they ended (the sink may
-still be written by the consumers while :func:`wait_for_sink` polls it: SQLite's locking
+still be written by the consumers while `wait_for_sink()` polls it: SQLite's locking
 keeps the reads whole); it runs on the main thread.
 """
 
@@ -58,7 +58,7 @@ class InTopic:
     """What a plain reader found in the topic once the producers were done."""
 
     wire: DeliveryReport
-    #: Holes in each partition's offsets (see :func:`offset_gaps`).
+    #: Holes in each partition's offsets (see `offset_gaps()`).
     gaps: list[str]
     #: Per producer id, the expected seqs the topic holds.
     seqs: dict[str, set[int]]
@@ -160,7 +160,7 @@ def explain_missing(
     """What the producers' delivery reports say about each missing record.
 
     ``unconfirmed``: its last "delivered" report had no offset to confirm it (a duplicate
-    sequence reply, see :func:`~logsdk.testing.chaos._history.delivery_history`);
+    sequence reply, see `delivery_history()`);
     ``acked_taken``: acknowledged at an offset where the topic holds another record;
     ``acked_empty``: acknowledged at an offset nobody holds; ``failed_only``: only failure
     reports; ``no_report``: none.

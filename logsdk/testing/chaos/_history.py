@@ -7,7 +7,7 @@ acknowledged at an offset the topic holds another record at was acked and not ke
 one never acknowledged was lost before Kafka.
 
 The line format (``seq partition offset error time``) has this module as its one owner:
-:func:`trace_deliveries` writes it, :func:`reports` reads it. A trace file belongs to the
+`trace_deliveries()` writes it, `reports()` reads it. A trace file belongs to the
 producer process that appends to it (line-buffered, so a SIGKILL loses no whole line); the
 checker reads it once every producer has ended.
 """
@@ -29,7 +29,7 @@ Report = tuple[int, int, int, bool]
 
 def trace_acks(p: Any, path: Path) -> None:
     """Append one line per delivery report of producer ``p`` to ``path`` (see
-    :func:`trace_deliveries`), and librdkafka's debug log (``eos``: the producer ids and
+    `trace_deliveries()`), and librdkafka's debug log (``eos``: the producer ids and
     epochs it was given) next to it, in ``<path>.rdkafka.log``."""
     out = open(path, "a", buffering=1)  # noqa: SIM115 - line-buffered: a SIGKILL loses no line
     out.write(f"# pid {os.getpid()}\n")
@@ -46,7 +46,7 @@ def trace_deliveries(p: Any, write: Callable[[str], object]) -> None:
     """Trace the delivery reports of LogProducer ``p``: each report first calls
     ``write("seq partition offset error time\\n")`` (error 0: delivered; offset None: no
     offset given; seq -1: a purged replay report, which has no headers).
-    :func:`unconfirmed_seqs` reads these lines back.
+    `unconfirmed_seqs()` reads these lines back.
 
     Install it right after the producer is built: the reports of a replay its pump began
     in the meantime (a spool left by a previous process) may be missing.
@@ -62,7 +62,7 @@ def trace_deliveries(p: Any, write: Callable[[str], object]) -> None:
 
 
 def reports(lines: Iterable[str]) -> Iterator[tuple[int, Report]]:
-    """``(seq, report)`` for each line written by :func:`trace_deliveries`, in order,
+    """``(seq, report)`` for each line written by `trace_deliveries()`, in order,
     with the producer's ``_unconfirmed`` rule replayed: a "delivered" report without an
     offset, and the rest of its batch (the same partition, offsets 0, 1, 2... right after
     it), are unconfirmed. A ``#`` line (a new process) and a torn line end a batch."""
@@ -93,7 +93,7 @@ def reports(lines: Iterable[str]) -> Iterator[tuple[int, Report]]:
 
 def unconfirmed_seqs(lines: Iterable[str]) -> set[int]:
     """The seqs whose "delivered" report no offset confirmed, from the lines
-    :func:`trace_deliveries` wrote: librdkafka's success after a broker's "duplicate
+    `trace_deliveries()` wrote: librdkafka's success after a broker's "duplicate
     sequence number" reply. The producer resends those records; when the broker had
     not in fact stored them (the embedded broker's quirk) they land after records sent
     later, so these seqs explain order violations a reader then sees."""
@@ -111,7 +111,7 @@ def delivery_history(
     base offset -1: the batch's first record has no offset and the rest of it follow at
     once with the offsets 0, 1, 2... (the producer's ``_unconfirmed`` rule, replayed here).
     A trace belongs to the producer id on the first line of its progress report
-    (``p*.jsonl``, see :mod:`logsdk.testing.chaos._workload`).
+    (``p*.jsonl``, see `logsdk.testing.chaos._workload`).
     """
     unconfirmed: dict[str, set[int]] = {}
     found: dict[str, dict[int, list[Report]]] = {}

@@ -2,7 +2,7 @@
 ``chaos.*`` figures it merges into a results.json.
 
 The same command runs the children: ``_producer`` and ``_consumer`` (arguments given by
-:func:`logsdk.testing.chaos._workload.start`) run one producer or consumer child of a run.
+`logsdk.testing.chaos._workload.start()`) run one producer or consumer child of a run.
 Output: one summary line per figure, ``verdict ok`` or ``verdict FAIL``, and with
 ``--json`` a last line that is the whole verdict as one JSON object. Exit status 1 on any
 unexplained loss, duplicate, order violation, ownership violation or spool problem.

@@ -16,7 +16,7 @@ Invariants: a fault is drawn every 3-7 s, and each is healed before the next is 
 last 8 s of a run are quiet, so every fault is healed by its end; a fault that failed
 does not end the nemesis (the broker is healed and made to run again). The same seed
 draws the same schedule: each fault draws from the one ``random.Random(seed)`` in the
-same order. Owner: the nemesis thread, from :func:`unleash` until it has joined it; it
+same order. Owner: the nemesis thread, from `unleash()` until it has joined it; it
 appends to ``Run.events`` and ``Run.spool_problems`` and restarts ``Run``'s processes.
 """
 

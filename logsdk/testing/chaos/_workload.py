@@ -1,18 +1,18 @@
 """The workload: producer and consumer child processes, and the run's handles on them.
 
-- A producer child (:func:`producer_child`) sends JSON log records at ``RATE`` until its
+- A producer child (`producer_child()`) sends JSON log records at ``RATE`` until its
   stop file exists, and appends a progress line to its report (``p<i>.jsonl``) after
   each ``send()`` returned: the checker never expects a record not accepted, and a
   SIGKILL loses no bookkeeping. Its delivery reports go to its trace (``p<i>.acks``,
-  :mod:`logsdk.testing.chaos._history`).
-- A consumer child (:func:`consumer_child`) stores the topic exactly-once in the shared
+  `logsdk.testing.chaos._history`).
+- A consumer child (`consumer_child()`) stores the topic exactly-once in the shared
   SQLite sink until SIGTERM, and writes the worst send-to-store latency it saw.
-- :class:`Proc` and :class:`Run` are the parent's side: the commands, the processes the
+- `Proc` and `Run` are the parent's side: the commands, the processes the
   nemesis kills and restarts, the faults it applied and what ``logsdk spool check``
   found. Each file of the run directory has one writer: a report, trace or latency file
   its child, the sink the consumer group (through SQLite's locking).
 
-Owners: a :class:`Proc` is started, killed and restarted by the main thread before and
+Owners: a `Proc` is started, killed and restarted by the main thread before and
 after the nemesis runs, and by the nemesis thread while it runs (never both: the main
 thread waits for the nemesis to end first). ``Run.events`` and ``Run.spool_problems``
 follow the same rule.
