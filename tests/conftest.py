@@ -16,6 +16,7 @@ pytest captures librdkafka's lines instead of them going to the process's stderr
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
 import os
 import signal
@@ -229,3 +230,28 @@ def assert_spool_sound(spool: Path) -> None:
 
     result = check_spool_dir(spool)
     assert result.ok, "\n".join(result.problems)
+
+
+def answered_get(port: int, rid: int, failures: list[str] | None = None) -> bool:
+    """One GET of ``/?<rid>`` on a local server; True when it was answered 200 (False:
+    the worker died under it). A failure is described in ``failures``: what, after how
+    long, at what time.
+
+    Waits up to 30 s for the answer (gunicorn's own worker timeout): when every worker
+    recycles at once, a request waits in the listen queue while they deliver at exit
+    (``close_timeout`` 5 s) and their replacements import the app; CI once saw 1 of 3000
+    requests unanswered within 10 s, with all three workers recycled in the same second."""
+    t0 = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", f"/?{rid}")
+        status = conn.getresponse().status
+        what = f"status {status}"
+    except (OSError, http.client.HTTPException) as exc:
+        status, what = 0, repr(exc)
+    finally:
+        conn.close()
+    if status != 200 and failures is not None:
+        took = time.monotonic() - t0
+        failures.append(f"rid {rid}: {what} after {took:.1f}s, at {time.strftime('%H:%M:%S')}")
+    return status == 200

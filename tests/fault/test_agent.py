@@ -7,7 +7,6 @@ same (producer id, seq)."""
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import signal
@@ -26,7 +25,7 @@ from logsdk.shm._reader import ring_names
 from logsdk.spool._slots import spooled_records
 from logsdk.testing import EmbeddedBroker, check_delivery, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
-from tests.conftest import reap, wait_until
+from tests.conftest import answered_get, reap, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
@@ -299,7 +298,7 @@ def test_eight_gunicorn_workers_recycled_under_load_with_one_agent(
         try:
             wait_until(lambda: _listening(port), 30, "gunicorn listening", 0.1)
             failures: list[str] = []
-            answered = [rid for rid in range(3000) if _answers(port, rid, failures)]
+            answered = [rid for rid in range(3000) if answered_get(port, rid, failures)]
             t0 = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0, "gunicorn's exit status after SIGTERM"
@@ -328,24 +327,6 @@ def test_eight_gunicorn_workers_recycled_under_load_with_one_agent(
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _answers(port: int, rid: int, failures: list[str]) -> bool:
-    """One GET answered 200 (the request logs ``request <rid>``); a failure described in
-    ``failures`` (what, after how long)."""
-    t0 = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", f"/?{rid}")
-        status = conn.getresponse().status
-        what = f"status {status}"
-    except (OSError, http.client.HTTPException) as exc:
-        status, what = 0, repr(exc)
-    finally:
-        conn.close()
-    if status != 200:
-        failures.append(f"rid {rid}: {what} after {time.monotonic() - t0:.1f}s")
-    return status == 200
 
 
 def test_a_memory_broker_restart_the_agent_replaces_its_client(

@@ -6,7 +6,6 @@ for every process (examples/servers/); every log line is counted in Kafka.
 
 from __future__ import annotations
 
-import http.client
 import itertools
 import json
 import os
@@ -26,7 +25,7 @@ from confluent_kafka import Message
 from logsdk.spool._check import check_spool_dir
 from logsdk.testing import EmbeddedBroker, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
-from tests.conftest import wait_until
+from tests.conftest import answered_get, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,30 +57,6 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) ->
                 return
         time.sleep(0.05)
     raise AssertionError(f"nothing listens on port {port} after {timeout}s")
-
-
-def _get(port: int, rid: int, failures: list[str] | None = None) -> bool:
-    """One request; True when it was answered 200 (False: the worker died under it).
-    A failure is described in ``failures``: what, after how long, at what time.
-
-    Waits up to 30 s for the answer (gunicorn's own worker timeout): when every worker
-    recycles at once, a request waits in the listen queue while they deliver at exit
-    (``close_timeout`` 5 s) and their replacements import the app; CI once saw 1 of 3000
-    requests unanswered within 10 s, with all three workers recycled in the same second."""
-    t0 = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", f"/?{rid}")
-        status = conn.getresponse().status
-        what = f"status {status}"
-    except (OSError, http.client.HTTPException) as exc:
-        status, what = 0, repr(exc)
-    finally:
-        conn.close()
-    if status != 200 and failures is not None:
-        took = time.monotonic() - t0
-        failures.append(f"rid {rid}: {what} after {took:.1f}s, at {time.strftime('%H:%M:%S')}")
-    return status == 200
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float) -> float:
@@ -150,7 +125,7 @@ def test_gunicorn_recycled_workers_deliver_every_line(
     proc = server(cmd, _env(kafka_broker.bootstrap_servers, topic, tmp_path / "spool"))
     _wait_port(port, proc)
     failures: list[str] = []
-    answered = [rid for rid in range(3000) if _get(port, rid, failures)]
+    answered = [rid for rid in range(3000) if answered_get(port, rid, failures)]
     took = _stop(proc, 30)
     assert len(answered) == 3000, failures
     assert took < 10, took
@@ -187,7 +162,7 @@ def test_gunicorn_worker_sigkilled_with_shm_loses_no_answered_line(
     for rid in range(2000):
         if rid == 1000:
             os.kill(int(workers[0]), signal.SIGKILL)
-        if _get(port, rid):
+        if answered_get(port, rid):
             answered.append(rid)
     _stop(proc, 30)
     assert len(answered) >= 1990
@@ -213,10 +188,10 @@ def test_uvicorn_workers_deliver_every_line(
     proc = server(cmd, _env(broker.bootstrap_servers, topic, tmp_path / "spool"))
     _wait_port(port, proc)
     failures: list[str] = []
-    answered = [rid for rid in range(1000) if _get(port, rid, failures)]
+    answered = [rid for rid in range(1000) if answered_get(port, rid, failures)]
     broker.pause()
     try:
-        answered += [rid for rid in range(1000, 1200) if _get(port, rid, failures)]
+        answered += [rid for rid in range(1000, 1200) if answered_get(port, rid, failures)]
         # SIGTERM while their lines wait; the broker is back 1 s later, while the
         # workers' shutdown (the handler's close) still waits for Kafka.
         threading.Timer(1.0, broker.resume).start()
