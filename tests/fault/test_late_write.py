@@ -24,6 +24,7 @@ from tests.conftest import FAST, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
 BrokerFactory = Callable[..., EmbeddedBroker]
+VALUE = b"v" * 200
 
 #: FAST, and the records sent while the broker holds produce requests in one or two
 #: requests however slowly the test's loop runs: at most five requests are in flight
@@ -40,27 +41,12 @@ def test_records_purged_in_flight_and_stored_late_keep_their_order_when_the_spoo
     replayed first; the late originals are duplicates) and drops newer records instead."""
     broker = broker_factory(proxy=True)
     topic = create_topic(broker.bootstrap_servers, "late-write", 1)
-    value = b"v" * 200
     first, held, more = 100, 200, 400
-    room = 300  # records the spool holds: the held ones fit, the held and the newer not
-    p = make_producer(
-        broker.bootstrap_servers,
-        topic,
-        tmp_path,
-        **LINGERING,
-        spool_max_bytes=room * (len(value) + ROW_OVERHEAD),
-        when_full="drop_oldest",
-    )
-    for _ in range(first):
-        p.send(value)
-    wait_until(
-        lambda: (s := p.stats())["state"] == "ONLINE" and s["acked"] == first,
-        30,
-        "the first records acknowledged",
-    )
+    # The spool holds 300 records: the held ones fit, the held and the newer not.
+    p = _online_after(broker, topic, make_producer, tmp_path, first, room=300)
     broker.hold_produce()
     for _ in range(held):
-        p.send(value)
+        p.send(VALUE)
     wait_until(lambda: broker.held_records == held, 30, "every new record held in flight")
     # Probes fail while the broker is paused: the producer degrades (its purge hands the
     # held records back: spooled) and stays DEGRADED while the newer records overflow the
@@ -69,7 +55,7 @@ def test_records_purged_in_flight_and_stored_late_keep_their_order_when_the_spoo
     try:
         wait_until(lambda: p.stats()["state"] == "DEGRADED", 30, "the producer degraded")
         for _ in range(more):
-            p.send(value)
+            p.send(VALUE)
         wait_until(
             lambda: (s := p.stats())["buffered"] == 0 and s["dropped"] > 0,
             30,
@@ -77,36 +63,7 @@ def test_records_purged_in_flight_and_stored_late_keep_their_order_when_the_spoo
         )
     finally:
         broker.resume()
-    wait_until(
-        lambda: (
-            (s := p.stats())["state"] == "ONLINE" and s["spool_records"] == 0 and s["buffered"] == 0
-        ),
-        60,
-        "the spool replayed",
-    )
-    stored = len(read_topic(broker.bootstrap_servers, topic))
-    broker.release_held()  # the broker now appends the purged requests
-    wait_until(
-        lambda: len(read_topic(broker.bootstrap_servers, topic)) >= stored + held,
-        30,
-        "the held records stored",
-        step=0.5,
-    )
-    pid = p.producer_id
-    p.close(30)
-    stats = p.stats()
-
-    rep = check_delivery(read_topic(broker.bootstrap_servers, topic))
-    sent = first + held + more
-    assert stats["sent"] == sent
-    print(
-        f"unique {rep.unique}, duplicates {rep.duplicates}, dropped {stats['dropped']}, "
-        f"order violations {rep.order_violations} (first: {rep.order_violators[:5]})"
-    )
-    assert rep.order_violations == 0
-    # Every record is in Kafka or counted dropped, never both.
-    assert rep.unique + stats["dropped"] == sent
-    assert rep.missing(pid, range(first + held)) == []  # the held records: their copies
+    _replayed_then_stored_late(broker, topic, p, late=held, first=first, more=more)
 
 
 def test_replayed_rows_purged_in_flight_and_stored_late_keep_their_order_when_the_spool_is_full(
@@ -117,29 +74,14 @@ def test_replayed_rows_purged_in_flight_and_stored_late_keep_their_order_when_th
     newer records, so the replayed copies come first and no dropped record arrives."""
     broker = broker_factory(proxy=True)
     topic = create_topic(broker.bootstrap_servers, "late-replay", 1)
-    value = b"v" * 200
     first, spooled, more = 100, 200, 400
-    room = 300  # records the spool holds: the spooled ones fit, those and the newer not
-    p = make_producer(
-        broker.bootstrap_servers,
-        topic,
-        tmp_path,
-        **LINGERING,
-        spool_max_bytes=room * (len(value) + ROW_OVERHEAD),
-        when_full="drop_oldest",
-    )
-    for _ in range(first):
-        p.send(value)
-    wait_until(
-        lambda: (s := p.stats())["state"] == "ONLINE" and s["acked"] == first,
-        30,
-        "the first records acknowledged",
-    )
+    # The spool holds 300 records: the spooled ones fit, those and the newer not.
+    p = _online_after(broker, topic, make_producer, tmp_path, first, room=300)
     broker.pause()
     try:
         wait_until(lambda: p.stats()["state"] == "DEGRADED", 30, "the producer degraded")
         for _ in range(spooled):
-            p.send(value)
+            p.send(VALUE)
         wait_until(lambda: p.stats()["spool_records"] == spooled, 30, "the records spooled")
         broker.hold_produce()  # the replay's produce requests
     finally:
@@ -149,7 +91,7 @@ def test_replayed_rows_purged_in_flight_and_stored_late_keep_their_order_when_th
     try:
         wait_until(lambda: p.stats()["state"] == "DEGRADED", 30, "the producer degraded again")
         for _ in range(more):
-            p.send(value)
+            p.send(VALUE)
         wait_until(
             lambda: (s := p.stats())["buffered"] == 0 and s["dropped"] > 0,
             30,
@@ -157,6 +99,42 @@ def test_replayed_rows_purged_in_flight_and_stored_late_keep_their_order_when_th
         )
     finally:
         broker.resume()
+    _replayed_then_stored_late(broker, topic, p, late=spooled, first=first, more=more)
+
+
+def _online_after(
+    broker: EmbeddedBroker,
+    topic: str,
+    make_producer: Callable[..., LogProducer],
+    tmp_path: Path,
+    first: int,
+    room: int,
+) -> LogProducer:
+    """A producer whose spool holds ``room`` records of VALUE (``drop_oldest`` past it),
+    ONLINE with its ``first`` records acknowledged."""
+    p = make_producer(
+        broker.bootstrap_servers,
+        topic,
+        tmp_path,
+        **LINGERING,
+        spool_max_bytes=room * (len(VALUE) + ROW_OVERHEAD),
+        when_full="drop_oldest",
+    )
+    for _ in range(first):
+        p.send(VALUE)
+    wait_until(
+        lambda: (s := p.stats())["state"] == "ONLINE" and s["acked"] == first,
+        30,
+        "the first records acknowledged",
+    )
+    return p
+
+
+def _replayed_then_stored_late(
+    broker: EmbeddedBroker, topic: str, p: LogProducer, *, late: int, first: int, more: int
+) -> None:
+    """The spool replayed, then the ``late`` records the broker held stored behind it;
+    closed: every record once in send order, or counted dropped, never both."""
     wait_until(
         lambda: (
             (s := p.stats())["state"] == "ONLINE" and s["spool_records"] == 0 and s["buffered"] == 0
@@ -165,9 +143,9 @@ def test_replayed_rows_purged_in_flight_and_stored_late_keep_their_order_when_th
         "the spool replayed",
     )
     stored = len(read_topic(broker.bootstrap_servers, topic))
-    broker.release_held()  # the broker now appends the purged replay
+    broker.release_held()  # the broker now appends the purged requests
     wait_until(
-        lambda: len(read_topic(broker.bootstrap_servers, topic)) >= stored + spooled,
+        lambda: len(read_topic(broker.bootstrap_servers, topic)) >= stored + late,
         30,
         "the held records stored",
         step=0.5,
@@ -177,12 +155,13 @@ def test_replayed_rows_purged_in_flight_and_stored_late_keep_their_order_when_th
     stats = p.stats()
 
     rep = check_delivery(read_topic(broker.bootstrap_servers, topic))
-    sent = first + spooled + more
+    sent = first + late + more
     assert stats["sent"] == sent
     print(
         f"unique {rep.unique}, duplicates {rep.duplicates}, dropped {stats['dropped']}, "
         f"order violations {rep.order_violations} (first: {rep.order_violators[:5]})"
     )
     assert rep.order_violations == 0
+    # Every record is in Kafka or counted dropped, never both.
     assert rep.unique + stats["dropped"] == sent
-    assert rep.missing(pid, range(first + spooled)) == []
+    assert rep.missing(pid, range(first + late)) == []  # the late records: their copies
