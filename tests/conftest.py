@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import importlib.util
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -255,3 +257,14 @@ def answered_get(port: int, rid: int, failures: list[str] | None = None) -> bool
         took = time.monotonic() - t0
         failures.append(f"rid {rid}: {what} after {took:.1f}s, at {time.strftime('%H:%M:%S')}")
     return status == 200
+
+
+def docs_hook(name: str) -> ModuleType:
+    """The MkDocs hook ``docs/hooks/<name>.py``, imported on its own (as mkdocs.yml loads it)."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "hooks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

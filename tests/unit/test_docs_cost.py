@@ -3,24 +3,18 @@ and no other user page states a log call's cost of its own."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 from types import ModuleType
 
+from tests.conftest import docs_hook
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def hook() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "cost_table", ROOT / "docs" / "hooks" / "cost_table.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return docs_hook("cost_table")
 
 
 def test_cost_table_prints_results_json_figures_as_held() -> None:

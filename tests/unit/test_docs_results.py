@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 from types import ModuleType
 
+from tests.conftest import docs_hook
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def hook() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "results_page", ROOT / "docs" / "hooks" / "results_page.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return docs_hook("results_page")
 
 
 def test_each_figure_once_with_its_latest_value_as_held() -> None:
