@@ -31,14 +31,13 @@ At exit nothing is lost, whatever the order the app set things up in. Exit hooks
 last-registered first, and which of OTel's (a ``LoggerProvider``'s ``shutdown_on_exit``)
 and logsdk's (registered when the exporter's producer is made) runs first depends on
 which was made first, which no library can choose after the fact. So neither order is
-relied on: logsdk's hook first has the global ``LoggerProvider`` (``set_logger_provider``)
-export what its processors hold, then closes the exporter's producer; an export that
-comes after that (OTel's own shutdown flushing a provider made before the exporter, or
-any later exit hook that logs) gets a producer made again on the same ``spool_dir``, and
-returns once its records are durable (in Kafka or the spool); the exporter's
-``shutdown()`` closes that producer, delivering within ``close_timeout``. A provider that
-is neither global nor shut down at exit (``shutdown_on_exit=False``) exports nothing of
-what its ``BatchLogRecordProcessor`` holds: call its ``shutdown()`` before leaving.
+relied on: logsdk's hook first has every processor that exports to one of its exporters
+(and the global ``LoggerProvider``) export what it holds, then closes the exporter's
+producer; an export that comes after that (any later exit hook that logs) gets a producer
+made again on the same ``spool_dir``, and returns once its records are durable (in Kafka
+or the spool); the exporter's ``shutdown()`` closes that producer, delivering within
+``close_timeout`` (on Python 3.12.0 and 3.12.1, where no thread starts at interpreter
+shutdown, such an export is counted in `KafkaLogExporter.failed` and said).
 
 Reading them back: [`decode_otlp()`][logsdk.integrations.otel.decode_otlp] (a LogConsumer's
 handler), or ``spark_sink.logs.parse_otlp`` in Spark.
@@ -52,6 +51,7 @@ from __future__ import annotations
 import base64
 import copy
 import dataclasses
+import gc
 import json
 import logging
 import weakref
@@ -253,17 +253,46 @@ _EXPORTERS: weakref.WeakSet[KafkaLogExporter] = weakref.WeakSet()
 
 
 def flush_at_exit() -> None:
-    """Run by logsdk's exit hook before it closes any producer: the global
-    ``LoggerProvider``, when it is the SDK's, exports what its processors hold (one made
-    with ``shutdown_on_exit=False`` is flushed by nothing else)."""
+    """Run by logsdk's exit hook before it closes any producer: every processor that holds
+    a live exporter of ours exports what it holds (a provider made before the exporter
+    shuts down at exit only after logsdk's hook; one made with ``shutdown_on_exit=False``
+    is flushed by nothing else), then the global ``LoggerProvider``, when it is the SDK's.
+    """
     live = [e for e in list(_EXPORTERS) if not e.is_shut_down]
     if not live:
         return
+    timeout_ms = int(max(e.close_timeout for e in live) * 1000)
+    for exporter in live:
+        for processor in _holders(exporter):
+            try:
+                processor.force_flush(timeout_ms)
+            except Exception:  # the others are flushed all the same
+                log.exception("flushing an OpenTelemetry processor at exit failed")
     from opentelemetry._logs import get_logger_provider
 
     flush = getattr(get_logger_provider(), "force_flush", None)
     if callable(flush):
-        flush(int(max(e.close_timeout for e in live) * 1000))
+        flush(timeout_ms)
+
+
+def _holders(exporter: KafkaLogExporter) -> list[Any]:
+    """The objects that export to ``exporter`` and can flush: OTel's processors (the
+    SDK's batch processor keeps its exporter as ``_exporter``, on itself or on a helper it
+    owns). Found through the garbage collector's referrers, at exit only: OTel has no
+    registry of processors, and a provider made before the exporter is shut down (and its
+    processor flushed) only after logsdk's exit hook has closed the producer."""
+    out: list[Any] = []
+    for ref in gc.get_referrers(exporter):
+        # Python 3.10 reports an instance's __dict__, later ones the instance itself.
+        owners = [ref]
+        if isinstance(ref, dict):
+            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+        for o in owners:
+            if getattr(o, "_exporter", None) is exporter and callable(
+                getattr(o, "force_flush", None)
+            ):
+                out.append(o)
+    return out
 
 
 class KafkaLogExporter(LogRecordExporter):
