@@ -240,11 +240,12 @@ class Agent:
         if r is None or limit <= 0:
             return []
         out = []
+        # The tail stops at the head the writer last published (a settle may find it
+        # behind the frames it read): move it up to the head published since (the
+        # writer's flush() publishes it and waits for the tail), also while the records
+        # taken keep going back to a full spool.
+        r.advance()
         got = r.take(limit, alive=not src.writer_dead)
-        if not got:
-            # Nothing new: the writer may have published its head since (its flush()
-            # waits for the tail to reach it).
-            r.advance()
         for pos, row in got:
             user = check_row(row)
             if user is None:

@@ -3,10 +3,12 @@ record must pass, and the spooling of rings' records while Kafka does not answer
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -27,17 +29,10 @@ from logsdk.spool._codec import encode_headers
 from logsdk.spool._slots import spooled_records
 from tests.conftest import wait_until
 
-#: OPEN (found by nox on Python 3.13, 2026-11-28): SQLite connections of these tests'
-#: agents or spools are left unclosed and Python 3.13 warns when it collects them
-#: (ResourceWarning, an error under pyproject's filterwarnings). Ignored here only until
-#: the leak is found and closed; the closing note of that session says so.
-pytestmark = [pytest.mark.filterwarnings("ignore:unclosed database:ResourceWarning")]
-
 
 @pytest.fixture(autouse=True)
-def _collect_within_the_filter() -> Iterator[None]:
-    """The unclosed connections are collected here, inside this module's filter, not later
-    in another module's test."""
+def _collect_within_the_test() -> Iterator[None]:
+    """A connection left unclosed warns when collected: here, in the test that left it."""
     yield
     gc.collect()
 
@@ -182,12 +177,15 @@ def test_a_ring_of_another_logsdk_version_is_left_alone_and_the_others_are_read(
         old.close(unlink=True)
 
 
+@pytest.mark.parametrize("sent", [1000, 300])
 def test_a_full_spool_leaves_the_records_in_the_ring_and_the_agent_going(
-    tmp_path: Path,
+    tmp_path: Path, sent: int
 ) -> None:
     """Kafka down and the agent's spool at spool_max_bytes: what does not fit stays in the
     ring (the application's flush() says how many), counted as spool errors; nothing is
-    lost: spooled + left in the ring = sent."""
+    lost: spooled + left in the ring = sent. (300 records are too few for the writer to
+    publish its head before flush() does: the agent's tail then moves only if it looks
+    for that head while the spool keeps refusing; it did not, and flush() said 300.)"""
     p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
     a = Agent(
         AgentConfig(
@@ -199,13 +197,13 @@ def test_a_full_spool_leaves_the_records_in_the_ring_and_the_agent_going(
         )
     ).start()
     try:
-        for i in range(1000):
+        for i in range(sent):
             p.send(b"%0200d" % i)
         wait_until(lambda: a.stats()["spool_errors"] > 0, 10, "the spool full")
         left = p.flush(0.5)
         spooled = spooled_records(agent_dir(tmp_path) / p.producer_id)
-        assert 0 < spooled < 1000
-        assert left == 1000 - spooled
+        assert 0 < spooled < sent
+        assert left == sent - spooled
         assert a.stats()["spooled"] == spooled
         assert a.running
     finally:
@@ -264,11 +262,9 @@ def test_random_damage_in_rings_never_stops_or_wedges_the_agent(tmp_path: Path) 
         assert a.running
     finally:
         assert a.stop(5)
-    import sqlite3
-
     spooled = 0
     for db in agent_dir(tmp_path).glob("*/spool.db"):
-        with sqlite3.connect(db) as conn:
+        with contextlib.closing(sqlite3.connect(db)) as conn:
             for (value,) in conn.execute("SELECT value FROM records"):
                 assert value in written
                 spooled += 1
