@@ -8,13 +8,16 @@ MODE ``eos``: exactly-once into SQLiteSink(DB), with a handler that fails at ran
 REBALANCE: LogConsumer's ``rebalance`` (its default when left out). RATE: eos only, at most
 this many records a second per worker (the handler takes that long), so that a run of
 records outlasts the group changes a test makes.
-Runs until SIGTERM (graceful: then prints its ``stats()`` as one JSON line) or SIGKILL.
+Runs until SIGTERM (graceful: then prints its ``stats()`` as one JSON line) or SIGKILL;
+SIGUSR1 writes every thread's stack to stderr.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import random
+import signal
 import sqlite3
 import sys
 import threading
@@ -67,6 +70,7 @@ class FlakySink(SQLiteSink):
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # a test dumps a stuck member's threads
     mode, bootstrap, topic, group, db = sys.argv[1:6]
     options: dict[str, Any] = {}
     if len(sys.argv) > 6:

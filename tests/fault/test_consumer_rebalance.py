@@ -121,6 +121,20 @@ def assert_each_once(db: Path, partitions: int, n: int) -> None:
     assert stored == {p: n // partitions for p in range(partitions)}
 
 
+def stopped(proc: subprocess.Popen[bytes], err: Path, timeout: float = 30.0) -> int:
+    """``proc``'s exit code once it has left (after SIGTERM); a member still running after
+    ``timeout`` seconds fails the test with every thread's stack (SIGUSR1) and its stderr."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        size = err.stat().st_size
+        proc.send_signal(signal.SIGUSR1)
+        wait_until(lambda: err.stat().st_size > size, 10, "the member's stacks", step=0.1)
+        time.sleep(0.5)  # the rest of the dump (written in pieces)
+        proc.kill()
+        pytest.fail(f"still running {timeout} s after SIGTERM:\n{err.read_text()[-12000:]}")
+
+
 def balanced(members: Sequence[LogConsumer], partitions: int) -> dict[str, int] | None:
     """{partition name: index of its member} once ``members`` hold every partition, each
     partition once and each member its fair share; else None."""
@@ -160,6 +174,7 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
     db = tmp_path / "sink.db"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     outputs: dict[str, Path] = {}
+    members: dict[str, subprocess.Popen[bytes]] = {}
 
     def member(name: str) -> subprocess.Popen[bytes]:
         outputs[name] = tmp_path / f"{name}.out"
@@ -168,7 +183,13 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
         # took 1-5 s to settle, then b is frozen for 5 s).
         args += [f"g-{topic}", str(db), rebalance, "300"]
         with outputs[name].open("wb") as out, (tmp_path / f"{name}.err").open("wb") as err:
-            return spawn(args, env=env, stdout=out, stderr=err)
+            members[name] = spawn(args, env=env, stdout=out, stderr=err)
+        return members[name]
+
+    def died(proc: subprocess.Popen[bytes]) -> str:
+        name = next(k for k, v in members.items() if v is proc)
+        err = (tmp_path / f"{name}.err").read_text()[-6000:]
+        return f"member {name} left with {proc.returncode}:\n{err}"
 
     def reach(fraction: float, *alive: subprocess.Popen[bytes]) -> None:
         mark = int(n * fraction)
@@ -178,7 +199,8 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
             f"{mark} stored",
             step=0.1,
         )
-        assert all(p.poll() is None for p in alive), "a member died: see its .err file"
+        dead = [p for p in alive if p.poll() is not None]
+        assert not dead, "\n".join(died(p) for p in dead)
         assert stored_count(db) < n, "the run ended before the group changed: slow it down"
 
     a, b = member("a"), member("b")
@@ -194,7 +216,7 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
     b.send_signal(signal.SIGCONT)
     reach(0.4, a, b, c)
     a.send_signal(signal.SIGTERM)  # leaves
-    assert a.wait(30) == 0
+    assert stopped(a, tmp_path / "a.err") == 0
     reach(0.55, b, c)
     c.send_signal(signal.SIGKILL)  # its session expires; its partitions then move
     c.wait(10)
@@ -208,7 +230,7 @@ def test_exactly_once_while_members_join_leave_and_are_sigkilled(
     )
     for p in (b, d):
         p.send_signal(signal.SIGTERM)  # a graceful stop finishes or rolls back in-flight work
-    assert [b.wait(30), d.wait(30)] == [0, 0]
+    assert [stopped(b, tmp_path / "b.err"), stopped(d, tmp_path / "d.err")] == [0, 0]
     assert_each_once(db, partitions, n)
     stats = {
         name: json.loads(outputs[name].read_text().strip().splitlines()[-1])
