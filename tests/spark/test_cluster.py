@@ -40,7 +40,9 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "spark.md"
-RECORDS = 200_000
+RECORDS = 100_000
+#: Records a batch: eight batches a query, the driver killed after the third.
+BATCH = 12_500
 PARTITIONS = 4
 
 
@@ -182,7 +184,7 @@ def produce_with_outage(broker: ApacheKafka, topic: str, spool: Path) -> str:
             if i == RECORDS // 2:
                 broker.cut()
                 wait_until(lambda: p.stats()["state"] == "DEGRADED", 30, "degraded by the cut")
-            if i == RECORDS // 2 + 20_000:
+            if i == RECORDS // 2 + RECORDS // 10:
                 broker.heal()
         assert p.flush(180) == 0
     finally:
@@ -240,7 +242,7 @@ def test_executor_and_driver_killed_mid_batch_every_record_stored_once(
     spark: Any,
     tmp_path: Path,
 ) -> None:
-    """200,000 records on Apache Kafka (a network cut while they were sent) read on the
+    """100,000 records on Apache Kafka (a network cut while they were sent) read on the
     cluster by logsdk-kafka, written three ways at once (logsdk-sink staged on S3,
     foreachBatch, parquet), and by Spark's own Kafka source into logsdk-sink; every
     checkpoint on S3 (s3a://). One executor SIGKILLed while tasks ran (Spark reran them),
@@ -256,7 +258,7 @@ def test_executor_and_driver_killed_mid_batch_every_record_stored_once(
 
     words = submit_words(cluster, s3_server, broker.bootstrap_servers, topic, tmp_path)
     sinks = ["--sink", "sink", "--sink", "foreach", "--sink", "parquet", "--sink", "kafka:sink"]
-    more = [*sinks, "--parquet", str(tmp_path / "parquet"), "--max-offsets", "25000"]
+    more = [*sinks, "--parquet", str(tmp_path / "parquet"), "--max-offsets", str(BATCH)]
     job = Job(cluster, words, tmp_path / "driver.log")
     db = tmp_path / "sink.db"
     spark_db = Path(str(db) + ".kafka")  # Spark's source -> logsdk-sink
