@@ -8,6 +8,7 @@ into ``(topic, partition)`` keys.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from itertools import groupby
 from operator import itemgetter
@@ -33,6 +34,10 @@ from logsdk.consumer._records import Record, RecordColumns, TopicPartition
 from logsdk.errors import CommitMetadataTooLargeError, ConsumerError, DeadLetterError
 
 log = logging.getLogger("logsdk.consumer")
+
+#: Seconds `KafkaConsumerClient.close()` serves the revocation of its partitions from
+#: ``poll()`` before it closes librdkafka's consumer (see ``_give_up_assignment``).
+CLOSE_REVOKE_TIMEOUT_S = 10.0
 #: librdkafka's own log lines, as the producer's (logsdk.producer._client): through
 #: Python logging, served by the thread that polls the client, never on stderr.
 rdlog = logging.getLogger("logsdk.librdkafka")
@@ -482,9 +487,30 @@ class KafkaConsumerClient:
             return
         self._closed = True
         try:
+            self._give_up_assignment(CLOSE_REVOKE_TIMEOUT_S)
             self._consumer.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("consumer close failed: %s", exc)
+
+    def _give_up_assignment(self, timeout: float) -> None:
+        """Leave the group with ``unsubscribe()`` and serve the revocation from ``poll()``
+        (at most ``timeout`` seconds), so that ``close()`` finds nothing to revoke.
+
+        A revocation served inside ``close()`` can wait for ever: the rebalance callback's
+        ``unassign()`` sends librdkafka's group thread a request, and inside
+        ``rd_kafka_consumer_close`` no answer came (seen in the rebalance benchmark, eager
+        protocol, py-spy: ``Consumer_close`` -> ``rd_kafka_consumer_close0`` -> rebalance
+        callback -> ``Consumer_unassign`` -> ``rd_kafka_op_req``, five minutes; a member
+        of the rebalance test did not leave 30 s after SIGTERM). Records ``poll()``
+        returns meanwhile are dropped: nothing commits them (offsets are committed for
+        processed records only), the next owner reads them."""
+        consumer = self._consumer
+        if not consumer.assignment():
+            return
+        consumer.unsubscribe()
+        deadline = time.monotonic() + timeout
+        while consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.05)
 
     @property
     def closed(self) -> bool:
