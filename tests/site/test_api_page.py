@@ -89,3 +89,29 @@ def test_no_page_shows_a_sphinx_role(site: tuple[str, Path]) -> None:
         text = html.unescape(re.sub(r"<[^>]+>", "", source))
         found += [f"{page.relative_to(out)}: {m.group(0)}" for m in ROLE.finditer(text)]
     assert found == [], "\n".join(found)
+
+
+#: What an adopter with ten minutes asks (issue 48), and words the answer cannot do
+#: without, on the site's first two pages (home and getting started).
+QUESTIONS = {
+    "install": ["pip install logsdk"],
+    "dictConfig": ["dictConfig", "logsdk.integrations.logging.KafkaHandler"],
+    "Kafka down": ["Kafka down", "spool"],
+    "gunicorn": ["gunicorn"],
+    "cost per call against the alternatives": ["SysLogHandler", "µs"],
+    "reading records back": ["LogConsumer", "logsdk tail"],
+}
+
+
+def test_the_first_two_pages_answer_an_adopters_questions(site: tuple[str, Path]) -> None:
+    """Home and getting started, as built: install, dictConfig, Kafka down, gunicorn, the
+    cost of a log call beside the alternatives, reading records back."""
+    out = site[1]
+    text = text_of(out / "index.html") + text_of(out / "getting-started" / "index.html")
+    missing = [
+        f"{question}: {word!r}"
+        for question, words in QUESTIONS.items()
+        for word in words
+        if word not in text
+    ]
+    assert missing == [], "\n".join(missing)
