@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from tests.conftest import docs_hook
 
@@ -25,7 +26,7 @@ def test_each_figure_once_with_its_latest_value_as_held() -> None:
     filled = page.on_page_markdown(markdown, page=None)
     assert "<!-- results:" not in filled
     for prefix in ("producer", "consumer", "handler", "spark", "peer"):
-        latest: dict[tuple[str, object], dict] = {}
+        latest: dict[tuple[str, object], dict[str, Any]] = {}
         for e in results:
             if e["name"].startswith(prefix + "."):
                 latest[(e["name"], e["params"].get("value_bytes"))] = e
