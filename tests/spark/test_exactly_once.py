@@ -136,6 +136,12 @@ def test_writer_failure_aborts_rolls_back_and_rerun_is_exactly_once(
     assert_exactly(stored_rows(db), {(topic, 0): 3000, (topic, 1): 3000})
 
 
+#: The child's wait includes starting its own Spark session (a JVM): the whole test took
+#: 87-97 s in make test's non-fault stage, and the child had not applied 3 batches after
+#: 120 s once (CI, four xdist workers with other Spark sessions beside it).
+CHILD_QUERY_TIMEOUT = 300.0
+
+
 def test_query_sigkilled_mid_stream_resumes_from_checkpoint(
     spark: Any, kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -154,7 +160,7 @@ def test_query_sigkilled_mid_stream_resumes_from_checkpoint(
     try:
         wait_for(
             lambda: next_batch(db, "killed") >= 3 or child.poll() is not None,
-            QUERY_TIMEOUT,
+            CHILD_QUERY_TIMEOUT,
             "the child query to apply 3 batches",
         )
         assert child.poll() is None, child.stderr.read().decode()[-3000:] if child.stderr else ""
