@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Message
 
+from logsdk import LogProducer
 from logsdk.spool._check import check_spool_dir
 from logsdk.testing import EmbeddedBroker, create_topic, free_port, read_topic
 from logsdk.testing.pytest_plugin import KafkaTarget
@@ -373,4 +374,13 @@ def test_celery_prefork_worker_delivers_every_task_line(
         assert time.monotonic() < deadline, f"{len(os.listdir(data / 'done'))} of 500 tasks ran"
         time.sleep(0.1)
     _stop(proc, 60)
-    assert set(_rids(kafka_broker.bootstrap_servers, topic)) == {str(r) for r in range(500)}
+    got = set(_rids(kafka_broker.bootstrap_servers, topic))
+    if sys.version_info[:3] in ((3, 12, 0), (3, 12, 1)) and len(got) < 500:
+        # A child forked while a parent thread was inside getaddrinfo() keeps its lines in
+        # its spool slot (logsdk._resolver); the parent's exit drains such a slot, except
+        # on 3.12.0/3.12.1, where no thread starts at interpreter shutdown ("not drained:
+        # can't create new thread", seen in nox). The documented way then: the next
+        # producer on the spool_dir delivers them; every line must be there after it.
+        LogProducer(kafka_broker.bootstrap_servers, topic, tmp_path / "spool").close(60)
+        got = set(_rids(kafka_broker.bootstrap_servers, topic))
+    assert got == {str(r) for r in range(500)}
