@@ -23,11 +23,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlite_utils
 
@@ -60,6 +60,9 @@ class _ThreadState(threading.local):
         self.conn: sqlite3.Connection | None = None
         self.owner: Owner | None = None
         self.staged: list[Sequence[Record]] = []
+
+
+_T = TypeVar("_T")
 
 
 def _wait_for_lock(exc: sqlite3.Error, deadline: float) -> bool:
@@ -174,26 +177,7 @@ class SQLiteSink:
             assert state.owner is not None
             state.owner.check("use its SQLite connection")
             return conn
-        deadline = time.monotonic() + self.busy_timeout
-        while True:
-            conn = None
-            try:
-                # check_same_thread=False only for close(), which closes every thread's
-                # connection once they are done; each is used by its own thread alone.
-                conn = gated_connect(
-                    self.path,
-                    timeout=self.busy_timeout,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(f"PRAGMA synchronous={self.synchronous}")
-                break
-            except sqlite3.Error as exc:
-                if conn is not None:
-                    conn.close()
-                if not _wait_for_lock(exc, deadline):
-                    raise SinkError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        conn = self._until_unlocked(self._open_connection, "cannot open SQLite database")
         state.conn = conn
         state.owner = Owner(f"SQLiteSink {self.path} connection")
         with self._conns_lock:
@@ -205,21 +189,49 @@ class SQLiteSink:
         sinks of several processes made at once on a new file wait for each other within
         ``busy_timeout`` (see `_wait_for_lock()`)."""
         conn = self._connect()
+
+        def create() -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._create_tables(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+        self._until_unlocked(create, "cannot create tables in")
+
+    def _open_connection(self) -> sqlite3.Connection:
+        """A new connection in WAL mode with the sink's ``synchronous`` (closed again if
+        a pragma fails)."""
+        # check_same_thread=False only for close(), which closes every thread's
+        # connection once they are done; each is used by its own thread alone.
+        conn = gated_connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _until_unlocked(self, attempt: Callable[[], _T], what: str) -> _T:
+        """``attempt()``, tried again while SQLite says "database is locked" before
+        ``busy_timeout`` has passed (see `_wait_for_lock()`); any other error, or that one
+        past the deadline, as `SinkError` ("<what> <path>: <error>")."""
         deadline = time.monotonic() + self.busy_timeout
         while True:
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    self._create_tables(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                return
+                return attempt()
             except sqlite3.Error as exc:
                 if not _wait_for_lock(exc, deadline):
-                    raise SinkError(f"cannot create tables in {self.path}: {exc}") from exc
+                    raise SinkError(f"{what} {self.path}: {exc}") from exc
 
     def _create_tables(self, conn: sqlite3.Connection) -> None:
         db = sqlite_utils.Database(conn)
