@@ -1,5 +1,8 @@
 """The application's thread beside rsyslog: the same log lines through logsdk's KafkaHandler
 and through the classic pipeline (``SysLogHandler`` -> rsyslogd -> omkafka -> Kafka).
+logsdk's handler runs three ways: inline, ``background=True``, and ``delivery="agent"``
+(the application writes into its shared-memory ring; ``logsdk agent``, started by this
+script as rsyslogd is, ships to Kafka: the shipper's CPU and SIGKILL count as rsyslogd's).
 
     python benchmarks/peer_rsyslog.py [--records 200000] [--rate 10000] [--json]
 
@@ -176,20 +179,79 @@ class Rsyslogd:
                 self.kill()
 
 
+class Agent:
+    """``logsdk agent`` on the pipeline's spool root, in the foreground, as a systemd unit
+    runs it: the shipper of the ``kafka-agent`` pipeline."""
+
+    def __init__(self, spool_root: Path, broker: str, replay_max_rate: float = 0.0) -> None:
+        self.root = spool_root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.broker = broker
+        self.replay_max_rate = replay_max_rate
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 30.0) -> Agent:
+        argv = [sys.executable, "-m", "logsdk", "agent", "--spool-root", str(self.root),
+                "--bootstrap-servers", self.broker]  # fmt: skip
+        if self.replay_max_rate:
+            argv += ["--replay-max-rate", str(self.replay_max_rate)]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=open(self.root.parent / "agent-stderr.log", "a"),  # noqa: SIM115  # the child's
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # "logsdk agent: draining ..." once it holds the root
+        if "draining" not in line:
+            self.proc.kill()
+            tail = (self.root.parent / "agent-stderr.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"logsdk agent did not start: {line!r} {tail}")
+        return self
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the agent so far."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+#: What ships the lines outside the application: rsyslogd, or logsdk's host agent.
+Shipper = Rsyslogd | Agent
+
+
 # -- the application (a child process) -----------------------------------------------------
 
 
 #: The applications: a plain line to rsyslogd (which makes the JSON document), the JSON
 #: document made in the application and sent to rsyslogd, and logsdk's KafkaHandler
-#: (inline, and in background mode); then
+#: (inline, in background mode, and with ``delivery="agent"``: the record written into
+#: the process's shared-memory ring, shipped by ``logsdk agent``, the host agent); then
 #: the same through structlog (JSONRenderer -> logging -> SysLogHandler, against logsdk's
 #: KafkaRenderer) and loguru (a plain line through SysLogHandler as its sink, against
 #: logsdk's KafkaSink), in the steady run.
-KINDS = ("syslog", "syslog-json", "kafka", "kafka-bg", "structlog-syslog",
+KINDS = ("syslog", "syslog-json", "kafka", "kafka-bg", "kafka-agent", "structlog-syslog",
          "structlog-kafka", "loguru-syslog", "loguru-kafka")  # fmt: skip
-#: logsdk's KafkaHandler pipelines: inline (the default), and ``background=True`` (the
-#: document built and sent on the handler's own thread); the suffix of their figures.
-_HANDLERS = (("kafka", ""), ("kafka-bg", ".background"))
+#: logsdk's KafkaHandler pipelines: inline (the default), ``background=True`` (the
+#: document built and sent on the handler's own thread) and ``delivery="agent"`` (shipped
+#: by the host agent, another process); the suffix of their figures.
+_HANDLERS = (("kafka", ""), ("kafka-bg", ".background"), ("kafka-agent", ".agent"))
+#: The pipelines that run in every run (the others in the steady run only: their shipper's
+#: side is the same as one of these).
+_ALL_RUNS = ("syslog", "kafka", "kafka-bg", "kafka-agent")
 #: Pipelines that send to rsyslogd, and of those the ones whose line is already JSON.
 _TO_RSYSLOG = ("syslog", "syslog-json", "structlog-syslog", "loguru-syslog")
 _JSON_LINES = ("syslog-json", "structlog-syslog")
@@ -236,6 +298,7 @@ def _app_logger(kind: str, conf: dict[str, Any]) -> tuple[logging.Logger, loggin
             topic=conf["topic"],
             spool_dir=conf["spool"],
             background=kind == "kafka-bg",
+            delivery="agent" if kind == "kafka-agent" else "direct",
             **extra,
         )
     log.handlers[:] = [handler]
@@ -586,7 +649,7 @@ class Bench:
         for b in self.cluster.broker_ids:
             self.cluster.broker_up(b)
 
-    def shipper(self, kind: str, topic: str, name: str) -> tuple[dict[str, Any], Rsyslogd | None]:
+    def shipper(self, kind: str, topic: str, name: str) -> tuple[dict[str, Any], Shipper | None]:
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         conf: dict[str, Any] = {
@@ -599,6 +662,8 @@ class Bench:
             rs = Rsyslogd(d / "rsyslog", self.bootstrap, topic, template).start()
             conf["sock"] = rs.sock
             return conf, rs
+        if kind == "kafka-agent":
+            return conf, Agent(d / "spool", self.bootstrap, self.args.replay_max_rate).start()
         return conf, None
 
     # -- the runs --
@@ -606,9 +671,10 @@ class Bench:
     @contextlib.contextmanager
     def pipeline(
         self, kind: str, run: str
-    ) -> Iterator[tuple[dict[str, Any], Rsyslogd | None, Seen]]:
-        """A fresh topic, the shipper (rsyslogd, or none: logsdk's is in the application),
-        and a consumer of the topic; all stopped on the way out."""
+    ) -> Iterator[tuple[dict[str, Any], Shipper | None, Seen]]:
+        """A fresh topic, the shipper (rsyslogd, logsdk's host agent, or none: logsdk's
+        producer is in the application), and a consumer of the topic; all stopped on the
+        way out."""
         topic = self.topic(f"{kind}-{run}")
         conf, rs = self.shipper(kind, topic, f"{kind}-{run}")
         seen = Seen(self.bootstrap, topic)
@@ -754,7 +820,7 @@ def main(argv: list[str]) -> int:
         bench = Bench(args, cluster, Path(d))
         for run in args.runs.split(","):
             for kind in kinds:
-                if kind not in ("syslog", "kafka", "kafka-bg") and run != "steady":
+                if kind not in _ALL_RUNS and run != "steady":
                     continue  # the shipper's side is the same as syslog's
                 print(f"peer_rsyslog: {kind} {run} ...", file=sys.stderr, flush=True)
                 out[f"{kind}.{run}"] = getattr(bench, run)(kind)
@@ -796,6 +862,7 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
             continue
         p = {**params, "rsyslogd_cpu_s": round(s["shipper_cpu_s"], 2),
              "kafka_process_cpu_s": round(k["process_cpu_s"], 2),
+             "kafka_shipper_cpu_s": round(k["shipper_cpu_s"], 2),
              "syslog_process_cpu_s": round(s["process_cpu_s"], 2),
              "p99_us": [k["overall"]["p99_us"], s["overall"]["p99_us"]],
              "max_us": [k["overall"]["max_us"], s["overall"]["max_us"]]}  # fmt: skip
@@ -820,6 +887,11 @@ def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[
     s, k = out.get("syslog.crash"), out.get("kafka-bg.crash")
     if s and k:
         res.append(_r("peer.shipper_sigkill_lost.background", "lines", k["missing"],
+                      "rsyslogd SIGKILLed", s["missing"], None,
+                      {"lines": args.crash_lines}))  # fmt: skip
+    s, k = out.get("syslog.crash"), out.get("kafka-agent.crash")
+    if s and k:  # the agent and the application SIGKILLed, as rsyslogd and its application
+        res.append(_r("peer.shipper_sigkill_lost.agent", "lines", k["missing"],
                       "rsyslogd SIGKILLed", s["missing"], None,
                       {"lines": args.crash_lines}))  # fmt: skip
     return res

@@ -165,6 +165,42 @@ def test_every_field_lands_in_kafka_as_logged(
         assert all(len(lr["traceId"]) == 32 and len(lr["spanId"]) == 16 for lr in with_trace)
 
 
+def test_every_field_lands_in_kafka_through_the_host_agent(
+    kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """``delivery="agent"``: the exporter only writes its process's ring; a host agent on the
+    same spool root ships it. The provider's shutdown() returns once the agent has every
+    record acknowledged (the exporter's close waits for it), and each field is as logged."""
+    from logsdk.agent._agent import Agent, AgentConfig
+
+    topic = fresh_topic(2)
+    root = tmp_path / "spool"
+    agent = Agent(
+        AgentConfig(
+            spool_root=root,
+            bootstrap_servers=kafka_broker.bootstrap_servers,
+        )
+    ).start()
+    try:
+        exporter = KafkaLogExporter(
+            bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic, spool_dir=root,
+            delivery="agent", close_timeout=30,
+        )  # fmt: skip
+        assert exporter.producer.config.delivery == "agent"
+        app = App(exporter)
+        for i in range(300):
+            app.log(i, in_span=i % 2 == 0)
+        app.shutdown()
+        assert exporter.exported == 300 and exporter.failed == 0
+        assert exporter.producer.stats()["undelivered"] == 0
+    finally:
+        assert agent.stop(10)
+    values = [m.value() or b"" for m in read_topic(kafka_broker.bootstrap_servers, topic)]
+    check_fields(app, values)
+    report = check_delivery(read_topic(kafka_broker.bootstrap_servers, topic))
+    assert (report.unique, report.duplicates) == (exporter.records, 0)
+
+
 def test_large_batches_are_split_under_max_record_bytes(
     kafka_broker: KafkaTarget, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:

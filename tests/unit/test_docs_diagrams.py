@@ -55,3 +55,25 @@ def test_state_diagrams_match_the_pumps_transitions() -> None:
 
 def table_states(table: set[tuple[str, str]]) -> set[str]:
     return {s for move in table for s in move}
+
+
+DASHBOARD = ROOT / "dashboards" / "logsdk-grafana.json"
+DASHBOARD_PNG = ROOT / "docs" / "img" / "grafana-dashboard.png"
+
+
+def test_the_dashboard_picture_is_of_this_dashboard() -> None:
+    """docs/img/grafana-dashboard.png was drawn (benchmarks/dashboard_picture.py) from the
+    dashboard as it is now, every panel with data, and operations.md shows it: a changed
+    dashboard needs the picture drawn again."""
+    import hashlib
+    import json
+
+    drawn = json.loads(DASHBOARD_PNG.with_suffix(".json").read_text())
+    assert drawn["dashboard_sha256"] == hashlib.sha256(DASHBOARD.read_bytes()).hexdigest(), (
+        "dashboards/logsdk-grafana.json changed since the picture: "
+        "python benchmarks/dashboard_picture.py"
+    )
+    panels = [p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]]
+    assert drawn["panels"] == panels
+    assert DASHBOARD_PNG.stat().st_size > 10_000
+    assert "img/grafana-dashboard.png" in (ROOT / "docs" / "operations.md").read_text()
