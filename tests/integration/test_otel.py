@@ -191,7 +191,8 @@ def test_every_field_lands_in_kafka_through_the_host_agent(
         for i in range(300):
             app.log(i, in_span=i % 2 == 0)
         app.shutdown()
-        assert exporter.exported == 300 and exporter.failed == 0
+        assert exporter.exported == 300
+        assert exporter.failed == 0
         assert exporter.producer.stats()["undelivered"] == 0
     finally:
         assert agent.stop(10)
