@@ -191,7 +191,7 @@ class Agent:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, timeout: float = 30.0) -> Agent:
-        argv = [sys.executable, "-m", "logsdk", "agent", "--spool-root", str(self.root),
+        argv = [sys.executable, "-m", "logsdk.cli", "agent", "--spool-root", str(self.root),
                 "--bootstrap-servers", self.broker]  # fmt: skip
         if self.replay_max_rate:
             argv += ["--replay-max-rate", str(self.replay_max_rate)]
@@ -847,10 +847,24 @@ def merge_results(path: Path, results: list[dict[str, Any]]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
+def _commit() -> str | None:
+    """The checkout's commit (``+`` when it has changes), or None outside a git checkout."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                             capture_output=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, text=True, capture_output=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev + ("+" if dirty else "")
+
+
 def summarise(out: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """The peer.* figures: logsdk (value) against rsyslog (baseline), where both ran."""
     params: dict[str, Any] = {"records": args.records, "partitions": PARTITIONS,
-                              "loggers": LOGGERS, "python": sys.version.split()[0]}  # fmt: skip
+                              "loggers": LOGGERS, "python": sys.version.split()[0],
+                              "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                              "commit": _commit()}  # fmt: skip
     res: list[dict[str, Any]] = []
     for (kkind, ksuffix), (base_kind, bsuffix, what) in itertools.product(_HANDLERS, (
         ("syslog", "", "SysLogHandler, plain line (rsyslogd makes the JSON)"),

@@ -40,12 +40,17 @@ def main(argv: list[str]) -> int:
             failed.append(script.name)
             continue
         results.extend(json.loads(lines[-1])["results"])
-    # Figures other commands write here (`make chaos`: chaos.*) are kept.
+    # Figures other commands write here (`make chaos`: chaos.*; peer_rsyslog.py --results:
+    # peer.*, when this run has none of its own: rsyslogd not installed) are kept.
     previous: list[dict[str, object]] = []
     with contextlib.suppress(OSError, ValueError):
         previous = json.loads((HERE / "results.json").read_text()).get("results", [])
     mine = {str(r["name"]) for r in results}
-    kept = [r for r in previous if str(r["name"]).startswith("chaos.") and r["name"] not in mine]
+    kept = [
+        r
+        for r in previous
+        if str(r["name"]).startswith(("chaos.", "peer.")) and r["name"] not in mine
+    ]
     out = {
         "results": results + kept,
         "python": platform.python_version(),
