@@ -452,6 +452,8 @@ def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
         time.sleep(0.0005)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     th0, w0 = time.thread_time_ns(), mono()
+    cpus = [0] * n if conf.get("call_cpu") else None
+    tcpu = time.thread_time_ns
     if rate:
         step = 1e9 / rate
         for i in range(n):
@@ -459,9 +461,16 @@ def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
             now = mono()
             if due > now + 1_000_000:  # more than 1 ms ahead: sleep (else log at once)
                 time.sleep((due - now) / 1e9)
-            s = mono()
-            emit[i % LOGGERS](first + i)
-            e = mono()
+            if cpus is not None:
+                c = tcpu()
+                s = mono()
+                emit[i % LOGGERS](first + i)
+                e = mono()
+                cpus[i] = tcpu() - c
+            else:
+                s = mono()
+                emit[i % LOGGERS](first + i)
+                e = mono()
             starts[i], lats[i] = s, e - s
     else:
         for i in range(n):
@@ -484,6 +493,10 @@ def app_main(kind: str, mode: str, conf: dict[str, Any]) -> int:
     # The slowest calls, with when they started (seconds from the first call).
     slow = sorted(range(n), key=lats.__getitem__)[-20:]
     out["slowest"] = [[round((starts[i] - t0) / 1e9, 3), round(lats[i] / 1e6, 2)] for i in slow]
+    if cpus is not None:  # [start s, wall ms, the call's own thread CPU ms]
+        out["slowest"] = [
+            [*row, round(cpus[i] / 1e6, 2)] for row, i in zip(out["slowest"], slow, strict=True)
+        ]
     if gc_log is not None:  # collections of 2 ms or more: [start s, ms, gen, thread, freed]
         out["gc"] = [[round((a - t0) / 1e9, 3), round((b - a) / 1e6, 2), g, th, c]
                      for a, b, g, th, c in gc_log if b - a >= 2_000_000]  # fmt: skip
@@ -713,6 +726,7 @@ class Bench:
         with self.pipeline(kind, "outage") as (conf, _, seen):
             conf.update(records=n, rate=rate, switch_interval=a.switch_interval,
                         replay_max_rate=a.replay_max_rate, gc_trace=a.gc_trace,
+                        call_cpu=a.call_cpu,
                         gc_freeze=a.gc_freeze)  # fmt: skip
             app = App(kind, "outage", conf)
             t0 = time.monotonic() + 0.3
@@ -798,6 +812,9 @@ def main(argv: list[str]) -> int:
                     help="outage run: report the collector's pauses of 2 ms or more")  # fmt: skip
     ap.add_argument("--gc-freeze", action="store_true",
                     help="outage run: gc.freeze() in the applications once set up")  # fmt: skip
+    ap.add_argument("--call-cpu", action="store_true",
+                    help="outage run: each call's own thread CPU too, given with the slowest "
+                         "calls (costs a clock read a call)")  # fmt: skip
     ap.add_argument("--results", type=Path, help="merge the peer.* figures into this file")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--app", choices=KINDS, help=argparse.SUPPRESS)

@@ -71,8 +71,30 @@ def register(sub: Subparsers) -> None:
         help="records in flight and no acknowledgement for this long: the client is "
         "replaced (default 10)",
     )
+    p.add_argument(
+        "--trust-uid",
+        dest="trusted_uids",
+        action="append",
+        default=[],
+        type=_uid,
+        metavar="USER",
+        help="also read the rings of this user (a name or a uid; repeatable): for an agent "
+        "run as root beside applications of other users",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log what the agent does")
     p.set_defaults(func=_cmd_agent)
+
+
+def _uid(text: str) -> int:
+    """A user name or a numeric uid, as a uid."""
+    import pwd
+
+    if text.isdigit():
+        return int(text)
+    try:
+        return pwd.getpwnam(text).pw_uid
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"no user named {text!r}") from None
 
 
 def _kafka_config(args: argparse.Namespace) -> dict[str, str | int | float | bool]:
@@ -102,6 +124,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
             kafka_config=_kafka_config(args),
             replay_max_rate=args.replay_max_rate,
             stall_timeout_s=args.stall_timeout,
+            trusted_uids=tuple(args.trusted_uids),
         )
     )
     stop = threading.Event()

@@ -48,7 +48,13 @@ from logsdk.errors import ConfigError, LogSDKError, ShmError
 from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig
 from logsdk.producer._records import HEADER_SEQ
-from logsdk.shm._reader import RingReader, ring_names, ring_prefix, valid_producer_id
+from logsdk.shm._reader import (
+    RingReader,
+    readable_uids,
+    ring_names,
+    ring_prefix,
+    valid_producer_id,
+)
 from logsdk.spool._codec import Row, decode_headers
 
 log = logging.getLogger("logsdk.agent")
@@ -73,6 +79,9 @@ class AgentConfig:
     #: Records in librdkafka and no acknowledgement for this long: the client is given up
     #: (its records spooled) and a new one made once Kafka answers a probe.
     stall_timeout_s: float = 10.0
+    #: Users whose rings are read besides the agent's own: for an agent run as root beside
+    #: applications of other users (their rings stay mode 0600: root reads them).
+    trusted_uids: tuple[int, ...] = ()
 
     def producer_config(self) -> ProducerConfig:
         """The producer settings the client is made from (validated as a producer's:
@@ -105,6 +114,9 @@ class Agent:
         self._tokens = 0.0  # replays allowed now (replay_max_rate's bucket)
         self._tokens_at = time.monotonic()
         self._root = Path(config.spool_root)
+        if any(not isinstance(u, int) or isinstance(u, bool) or u < 0 for u in config.trusted_uids):
+            raise ConfigError(f"trusted_uids must be user ids, got {config.trusted_uids!r}")
+        self._uids = readable_uids(config.trusted_uids)
         self._lock: AgentLock | None = None
         self._stop = threading.Event()
         self._back = threading.Event()  # the probe thread: Kafka answers again
@@ -133,7 +145,7 @@ class Agent:
     def start(self) -> Agent:
         """Take the spool root's lock (`AgentLockedError` when another
         agent holds it) and start the threads."""
-        self._lock = AgentLock.take(self._root)
+        self._lock = AgentLock.take(self._root, shared=bool(self.config.trusted_uids))
         try:
             _client.check_config(self._pconf.librdkafka())
         except BaseException:
@@ -448,7 +460,7 @@ class Agent:
         sources that are done."""
         self.owner.check("look at the rings")
         prefix = "/" + ring_prefix(self._root)
-        for name in ring_names(self._root):
+        for name in ring_names(self._root, self._uids):
             pid = name[len(prefix) :]
             if pid in self._sources or name in self._refused_rings:
                 continue
@@ -457,7 +469,7 @@ class Agent:
                 log.error("ring %s: %r is not a producer id; not read", name, pid)
                 continue
             try:
-                reader = RingReader(name)
+                reader = RingReader(name, self._uids)
             except ShmError as exc:
                 if "not initialised" not in str(exc):
                     self._refused_rings.add(name)

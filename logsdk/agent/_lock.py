@@ -44,12 +44,17 @@ class AgentLock:
         self._fd: int | None = fd
 
     @classmethod
-    def take(cls, root: str | os.PathLike[str]) -> AgentLock:
+    def take(cls, root: str | os.PathLike[str], *, shared: bool = False) -> AgentLock:
         """Take the lock of ``root`` (creating ``root/agent``, mode 0700) and write this
-        pid in it. Raises `AgentLockedError` naming the live holder."""
+        pid in it. Raises `AgentLockedError` naming the live holder.
+
+        ``shared``: for applications of other users (an agent run as root with trusted
+        uids), who must see that an agent runs: the directory is 0711 (entered, not
+        listed) and the lock 0644 (it holds a pid); the spools in it stay 0700."""
         d = agent_dir(root)
         try:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(d, 0o711 if shared else 0o700)
         except OSError as exc:
             raise SpoolError(f"cannot create {d}: {exc}") from exc
         with fork_guard:
@@ -66,6 +71,7 @@ class AgentLock:
                     f"another logsdk agent (pid {pid}) already drains spool root {root}; "
                     "one agent per spool root"
                 ) from None
+        os.fchmod(fd, 0o644 if shared else 0o600)
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         return cls(fd)

@@ -34,13 +34,13 @@ Owner: the thread that made the reader (the agent's thread); nothing else touche
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hashlib
 import mmap
 import os
 import re
 import struct
+from collections.abc import Iterable
 
 import posix_ipc
 
@@ -84,17 +84,24 @@ def ring_name(spool_root: str | os.PathLike[str], producer_id: str) -> str:
     return f"/{ring_prefix(spool_root)}{producer_id}"
 
 
-def ring_names(spool_root: str | os.PathLike[str]) -> list[str]:
-    """The rings of ``spool_root`` that exist now, this user's only (Linux: /dev/shm)."""
+def readable_uids(trusted: Iterable[int] = ()) -> frozenset[int]:
+    """The owners whose rings a reader takes: this process's user, and ``trusted`` (an
+    agent run as root for applications of other users, ``logsdk agent --trust-uid``)."""
+    return frozenset((os.geteuid(), *trusted))
+
+
+def ring_names(spool_root: str | os.PathLike[str], uids: frozenset[int] | None = None) -> list[str]:
+    """The rings of ``spool_root`` that exist now, owned by one of ``uids`` (by default
+    this user) only (Linux: /dev/shm)."""
     prefix = ring_prefix(spool_root)
-    uid = os.geteuid()
+    owners = readable_uids() if uids is None else uids
     out = []
     with contextlib.suppress(OSError):
         for e in os.scandir(SHM_DIR):
             if not e.name.startswith(prefix):
                 continue
             with contextlib.suppress(OSError):
-                if e.is_file(follow_symlinks=False) and e.stat().st_uid == uid:
+                if e.is_file(follow_symlinks=False) and e.stat().st_uid in owners:
                     out.append("/" + e.name)
     return sorted(out)
 
@@ -113,18 +120,13 @@ def first_key(d: dict[int, int]) -> int | None:
             continue
 
 
-def follow_tail(mm: mmap.mmap, known: int, head: int, fifo: collections.deque[int] | None) -> int:
+def follow_tail(mm: mmap.mmap, known: int, head: int) -> int:
     """The writer's side of a ring drained elsewhere: the tail its reader published, taken
     only between the tail ``known`` here and the writer's ``head`` (else ``known``: the
-    reader is another process), with the positions behind it dropped from ``fifo`` (the
-    frames written, oldest first; the writer appends meanwhile, only this pops). The
-    caller holds the ring's settle lock."""
+    reader is another process, not trusted). The caller holds the ring's settle lock."""
     tail = read_index(mm, TAIL_OFF)
     if tail is None or not known <= tail <= head:
         return known
-    if fifo is not None:
-        while fifo and fifo[0] < tail:
-            fifo.popleft()
     return tail
 
 
@@ -134,9 +136,10 @@ class RingReader:
     Owner: the thread that made it (checked in every method that touches the mapping).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, uids: frozenset[int] | None = None) -> None:
         self.name = name
         self.owner = Owner(f"the reader of ring {name}")
+        self._uids = readable_uids() if uids is None else uids
         try:
             shm = posix_ipc.SharedMemory(name, 0)
         except posix_ipc.ExistentialError:
@@ -145,7 +148,7 @@ class RingReader:
             raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
         self._shm = shm
         try:
-            self._mm = self._map(name, shm.fd)
+            self._mm = self._map(name, shm.fd, self._uids)
         except BaseException:
             shm.close_fd()
             raise
@@ -168,10 +171,13 @@ class RingReader:
         self.closed = False
 
     @staticmethod
-    def _map(name: str, fd: int) -> mmap.mmap:
+    def _map(name: str, fd: int, uids: frozenset[int]) -> mmap.mmap:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise ShmError(f"shared memory segment {name} belongs to uid {st.st_uid}, not us")
+        if st.st_uid not in uids:
+            raise ShmError(
+                f"shared memory segment {name} belongs to uid {st.st_uid}, not us "
+                f"(nor a uid the agent trusts: {sorted(uids)})"
+            )
         size = st.st_size
         if size < HEADER_SIZE + MIN_CAPACITY:
             raise ShmError(f"{name} is not a logsdk ring ({size} bytes)")

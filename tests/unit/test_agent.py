@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import sqlite3
 import subprocess
@@ -22,7 +23,7 @@ from logsdk.agent._agent import Agent, AgentConfig
 from logsdk.agent._lock import AgentLock, agent_dir, agent_running
 from logsdk.agent._source import check_row
 from logsdk.cli import main
-from logsdk.errors import AgentLockedError
+from logsdk.errors import AgentLockedError, ShmError
 from logsdk.shm import ShmRing
 from logsdk.shm._reader import ring_name, ring_names
 from logsdk.spool._codec import encode_headers
@@ -353,3 +354,84 @@ def test_a_ring_named_with_dots_is_never_taken_for_a_directory(
         assert a.stop(5)
         posix_ipc.unlink_shared_memory(name)
     assert (tmp_path / "keep").read_text() == "x"
+
+
+#: The user of the application in the test below (Debian's "nobody").
+OTHER_UID = 65534
+
+_OTHER_USERS_APP = """
+import os, sys
+from logsdk import LogProducer
+from logsdk.agent._lock import agent_running
+# Everything the producer needs is imported while this is still root (Python's own
+# files may not be readable by the other user).
+LogProducer("127.0.0.1:1", "logs", sys.argv[2], delivery="agent").close(0)
+os.setgid(int(sys.argv[3]))
+os.setuid(int(sys.argv[3]))
+root = sys.argv[1]
+p = LogProducer("127.0.0.1:1", "logs", root, delivery="agent")
+for i in range(100):
+    p.send(b"%d" % i)
+print(p.producer_id, flush=True)
+sys.stdin.readline()
+print(agent_running(root), p.flush(20), flush=True)
+p.close(0)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: runs an application as another user")
+def test_an_agent_run_as_root_reads_the_rings_of_the_users_it_trusts() -> None:
+    """An application of another user writes its ring (mode 0600, that user's): root's agent
+    does not take it by default; with the user trusted (``--trust-uid``) it spools the
+    records (Kafka down), and the application sees the agent and its flush() returns 0."""
+    import os
+    import shutil
+    import stat
+    import tempfile
+
+    from logsdk.shm._reader import RingReader, readable_uids
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # not under pytest's 0700 root
+    base.chmod(0o755)
+    root = base / "spool"
+    root.mkdir()
+    os.chown(root, OTHER_UID, OTHER_UID)
+    app = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_USERS_APP, str(root), str(base / "warm"), str(OTHER_UID)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    a = None
+    try:
+        assert app.stdout is not None
+        assert app.stdin is not None
+        pid = app.stdout.readline().strip()
+        [name] = ring_names(root, readable_uids([OTHER_UID]))
+        st = os.stat("/dev/shm" + name)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (OTHER_UID, 0o600)
+        assert ring_names(root) == []  # root's own rings only, by default
+        with pytest.raises(ShmError, match=f"belongs to uid {OTHER_UID}"):
+            RingReader(name)
+        a = Agent(
+            AgentConfig(
+                spool_root=root, bootstrap_servers=NOWHERE, probe_timeout_s=0.3,
+                trusted_uids=(OTHER_UID,),
+            )
+        ).start()  # fmt: skip
+        wait_until(
+            lambda: spooled_records(agent_dir(root) / pid) == 100, 20, "the ring's 100 spooled"
+        )
+        app.stdin.write("go\n")
+        app.stdin.flush()
+        assert app.stdout.readline().split() == ["True", "0"]
+        assert app.wait(30) == 0
+    finally:
+        if app.poll() is None:
+            app.kill()
+        app.communicate()  # its pipes closed
+        if a is not None:
+            assert a.stop(5)
+        _cleanup_rings(root)
+        for name in ring_names(root, readable_uids([OTHER_UID])):
+            with contextlib.suppress(OSError):
+                os.unlink("/dev/shm" + name)
+        shutil.rmtree(base, ignore_errors=True)

@@ -101,6 +101,36 @@ def test_a_writer_laps_the_ring_many_times_behind_a_reader_and_nothing_is_lost(
         ring.close(unlink=True)
 
 
+def test_the_writer_follows_a_tail_that_jumps_over_thousands_of_frames(
+    name: str, tmp_path: Path
+) -> None:
+    """The agent settles a long run of frames at once (an outage's records spooled, or a
+    heal's acknowledgements): the writer's count of pending frames stays exact across the
+    drop of its bookkeeping's prefix, and the ring keeps taking records after it."""
+    ring = ShmRing.attach(name, 8 << 20, PID, tmp_path, drained_elsewhere=True)
+    reader = RingReader(name)
+    try:
+        for i in range(20_000):
+            assert ring.put(rec(i, 60))
+        ring.publish_head()
+        got = reader.take(20_000, alive=True)
+        assert len(got) == 20_000
+        reader.settle([p for p, _ in got[:15_000]])
+        reader.advance()
+        assert ring.pending == 5_000
+        for i in range(20_000, 20_100):
+            assert ring.put(rec(i, 60))
+        ring.publish_head()
+        got += reader.take(1_000, alive=True)
+        reader.settle([p for p, _ in got[15_000:]])
+        reader.advance()
+        assert ring.pending == 0
+        assert [r[5] for _, r in got] == list(range(20_100))
+    finally:
+        reader.close()
+        ring.close(unlink=True)
+
+
 def test_settled_frames_are_skipped_by_the_next_reader_after_a_crash_of_the_first(
     name: str, tmp_path: Path
 ) -> None:
