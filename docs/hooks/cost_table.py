@@ -69,6 +69,18 @@ _ROWS: list[tuple[str, bool, list[_Cell]]] = [
         ],
     ),
     (
+        'logsdk `KafkaHandler(delivery="agent")` -> `logsdk agent` -> Kafka',
+        True,
+        [
+            ("peer.app_wall_us_per_call.agent", "value"),
+            ("peer.app_thread_cpu_us_per_call.agent", "value"),
+            ("peer.pipeline_cpu_us_per_record.agent", "value"),
+            ("peer.shipper_sigkill_lost.agent", "value"),
+            ("peer.outage_caught_up_s.agent", "value"),
+            ("peer.outage_max_call_ms.agent", "value"),
+        ],
+    ),
+    (
         "structlog `JSONRenderer` -> logging -> `SysLogHandler` -> rsyslogd",
         False,
         [
