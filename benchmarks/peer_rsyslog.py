@@ -124,7 +124,33 @@ ruleset(name="kafka") {{
 """
 
 
-class Rsyslogd:
+class Shipper:
+    """What ships the lines outside the application (rsyslogd, or logsdk's host agent): a
+    process the script starts (``proc``); its CPU so far, SIGKILL, stop."""
+
+    proc: subprocess.Popen[Any] | None = None
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) of the process so far."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Rsyslogd(Shipper):
     """rsyslogd in the foreground with its own config, socket, pid file and work dir."""
 
     def __init__(self, root: Path, broker: str, topic: str, template: str = "json") -> None:
@@ -159,27 +185,8 @@ class Rsyslogd:
             time.sleep(0.02)
         return self
 
-    def cpu_s(self) -> float:
-        """CPU seconds (user + system) of rsyslogd so far."""
-        assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-class Agent:
+class Agent(Shipper):
     """``logsdk agent`` on the pipeline's spool root, in the foreground, as a systemd unit
     runs it: the shipper of the ``kafka-agent`` pipeline."""
 
@@ -208,29 +215,6 @@ class Agent:
             tail = (self.root.parent / "agent-stderr.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"logsdk agent did not start: {line!r} {tail}")
         return self
-
-    def cpu_s(self) -> float:
-        """CPU seconds (user + system) of the agent so far."""
-        assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-#: What ships the lines outside the application: rsyslogd, or logsdk's host agent.
-Shipper = Rsyslogd | Agent
 
 
 # -- the application (a child process) -----------------------------------------------------
