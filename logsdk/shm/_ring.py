@@ -21,7 +21,7 @@ Invariants:
   the tail has already given back. A crash before that resends the record: a duplicate,
   never a loss;
 - a ring ``drained_elsewhere`` (``delivery="agent"``) never has its tail moved here: the
-  writer follows the tail its reader publishes (`logsdk.shm._reader.follow_tail()`);
+  writer follows the tail its reader publishes (`logsdk.shm._reader.TailFollower`);
 - one live owner per segment (its ``flock``, `logsdk.shm._segment.take_ownership()`);
   a forked child closes its copies of the descriptors that hold it
   (`_leave_segments_to_parent()`).
@@ -32,7 +32,6 @@ Owner: see `ShmRing`.
 from __future__ import annotations
 
 import array
-import bisect
 import contextlib
 import logging
 import mmap
@@ -57,7 +56,7 @@ from logsdk.shm._frames import (
     sync_bytes,
     write_pad,
 )
-from logsdk.shm._reader import first_key, follow_tail
+from logsdk.shm._reader import TailFollower, first_key
 from logsdk.shm._segment import (
     HEAD_OFF,
     HEADER_SIZE,
@@ -113,13 +112,8 @@ class ShmRing:
         # seq -> position of its unsettled frame, in ring order (a dict keeps insertion
         # order, and frames are written in position order): the first is the tail.
         self._open: dict[int, int] = {}
-        # Drained elsewhere: the positions of the frames written, oldest first, from
-        # _fifo_start on (see _drop_passed). Machine integers, not Python ones: the reader
-        # may settle 100,000 frames at once, and freeing that many int objects (a deque
-        # popped, or a list's prefix deleted) took 55-95 ms of the sender's thread after
-        # an outage healed; here one bisect finds them and one memmove drops them.
+        self._follower: TailFollower | None = None
         self._fifo: array.array[int] | None = None
-        self._fifo_start = 0
         self._topics: dict[str, bytes] = {}
         self._settled: list[int] = []  # seqs settle() noted, not yet flagged in the ring
         #: ``settle(seq)``: the record ``seq`` is acknowledged or committed to the spool:
@@ -180,7 +174,8 @@ class ShmRing:
                 raise
             ring.drained_elsewhere = drained_elsewhere
             if drained_elsewhere:
-                ring._fifo = array.array("q")
+                ring._follower = TailFollower()
+                ring._fifo = ring._follower.positions
             return ring
 
     @classmethod
@@ -298,13 +293,9 @@ class ShmRing:
     def put(
         self, rec: tuple[str, bytes | None, bytes | None, Headers | None, int | None, int]
     ) -> bool:
-        """Write one record; False when the ring has no room for it now.
-
-        Raises `RecordTooLargeError` for a record that could never fit (a frame
-        above half the capacity).
-        """
-        topic, k, v, h, ts, seq = rec
-        return self.put_fields(topic, k, v, h, ts, seq)
+        """Write one record; False when the ring has no room for it now. Raises
+        `RecordTooLargeError` for a record that could never fit (over half the capacity)."""
+        return self.put_fields(*rec)
 
     def put_fields(
         self,
@@ -416,12 +407,9 @@ class ShmRing:
 
         Caller holds _settle_lock: nothing else moves the tail meanwhile, so every frame
         still in _open is at or past the tail and its flag byte is its own."""
-        if self.drained_elsewhere:
+        if self._follower is not None:
             if not self.closed:
-                tail = follow_tail(self._mm, self._tail, self._head)
-                if tail != self._tail:
-                    self._tail = tail
-                    self._drop_passed(tail)
+                self._tail = self._follower.follow(self._mm, self._tail, self._head)
             return
         settled = self._settled
         n = len(settled)
@@ -449,19 +437,6 @@ class ShmRing:
             if pos is not None and pos >= tail:
                 mm[HEADER_SIZE + 8 + pos % cap] = 1
 
-    def _drop_passed(self, tail: int) -> None:
-        """Forget the positions of the frames the tail passed (caller holds _settle_lock).
-        The writer appends to the list meanwhile, only at its end (positions grow), so
-        the index found stays right; the prefix is deleted once it is most of the list."""
-        fifo = self._fifo
-        if fifo is None:
-            return
-        start = bisect.bisect_left(fifo, tail, self._fifo_start)
-        if start > 4096 and start * 2 > len(fifo):
-            del fifo[:start]
-            start = 0
-        self._fifo_start = start
-
     def _advance(self) -> None:
         """Publish the head, then the tail (caller serialises with put): the published
         tail never passes the published head."""
@@ -481,10 +456,10 @@ class ShmRing:
     def pending(self) -> int:
         """Records in the ring that are neither acknowledged nor in the spool."""
         self.drain_settled()
-        if self._fifo is None:
+        if self._follower is None:
             return len(self._open)
-        with self._settle_lock:  # not in the middle of a _drop_passed
-            return len(self._fifo) - self._fifo_start
+        with self._settle_lock:  # not in the middle of a follow()
+            return self._follower.pending
 
     def stats(self) -> dict[str, object]:
         """Gauges for ``LogProducer.stats()``."""
