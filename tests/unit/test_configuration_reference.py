@@ -43,12 +43,30 @@ def documented() -> dict[str, set[str]]:
 
 
 def configured_classes() -> dict[str, type]:
+    """The public classes of the modules importable here (``spark_sink`` needs pyspark,
+    which the nox sessions do not install: see `not_importable()`)."""
     out = {}
     for name in public_names():
         module, short = name.rsplit(".", 1)
-        obj = getattr(importlib.import_module(module), short)
+        try:
+            obj = getattr(importlib.import_module(module), short)
+        except ImportError:
+            continue
         if inspect.isclass(obj) and not issubclass(obj, BaseException):
             out[name] = obj
+    return out
+
+
+def not_importable() -> set[str]:
+    """Public names (``module.Name``) that cannot be imported here (``spark_sink``'s
+    classes load pyspark when first read)."""
+    out = set()
+    for name in public_names():
+        module, short = name.rsplit(".", 1)
+        try:
+            getattr(importlib.import_module(module), short)
+        except ImportError:
+            out.add(name)
     return out
 
 
@@ -78,9 +96,12 @@ def test_every_constructor_parameter_has_a_row() -> None:
 def test_every_table_names_only_real_parameters() -> None:
     """A row for a parameter the class does not take (renamed, removed) fails too."""
     classes = {cls.__name__: cls for cls in configured_classes().values()}
+    elsewhere = {n.rsplit(".", 1)[1] for n in not_importable()}
     stale = []
     for short, rows in documented().items():
         cls = classes.get(short)
+        if cls is None and short in elsewhere:
+            continue  # its module needs what is not installed here (pyspark)
         assert cls is not None, f"docs/configuration.md has a table for {short}, not public"
         params = set(inspect.signature(cls).parameters)
         if short == "KafkaRenderer":  # takes KafkaProcessor's settings as **kw
@@ -90,4 +111,4 @@ def test_every_table_names_only_real_parameters() -> None:
 
 
 def test_the_exemptions_are_public_classes() -> None:
-    assert set(NOT_CONFIGURED) <= set(configured_classes())
+    assert set(NOT_CONFIGURED) <= set(configured_classes()) | not_importable()
