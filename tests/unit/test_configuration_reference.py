@@ -42,32 +42,22 @@ def documented() -> dict[str, set[str]]:
     return found
 
 
-def configured_classes() -> dict[str, type]:
-    """The public classes of the modules importable here (``spark_sink`` needs pyspark,
-    which the nox sessions do not install: see `not_importable()`)."""
-    out = {}
+def public_classes() -> tuple[dict[str, type], set[str]]:
+    """The public classes that load here, and the public names that do not
+    (``spark_sink``'s classes load pyspark when first read; the nox sessions do not
+    install it), one import of each name."""
+    classes: dict[str, type] = {}
+    unloaded: set[str] = set()
     for name in public_names():
         module, short = name.rsplit(".", 1)
         try:
             obj = getattr(importlib.import_module(module), short)
         except ImportError:
+            unloaded.add(name)
             continue
         if inspect.isclass(obj) and not issubclass(obj, BaseException):
-            out[name] = obj
-    return out
-
-
-def not_importable() -> set[str]:
-    """Public names (``module.Name``) that cannot be imported here (``spark_sink``'s
-    classes load pyspark when first read)."""
-    out = set()
-    for name in public_names():
-        module, short = name.rsplit(".", 1)
-        try:
-            getattr(importlib.import_module(module), short)
-        except ImportError:
-            out.add(name)
-    return out
+            classes[name] = obj
+    return classes, unloaded
 
 
 def test_every_constructor_parameter_has_a_row() -> None:
@@ -75,7 +65,7 @@ def test_every_constructor_parameter_has_a_row() -> None:
     LogProducer's own rows) are rows of its table; a class that takes none needs none."""
     tables = documented()
     missing = []
-    for name, cls in configured_classes().items():
+    for name, cls in public_classes()[0].items():
         if name in NOT_CONFIGURED or getattr(cls, "_is_protocol", False):
             continue  # a Protocol is implemented by the user, not built
         params = [
@@ -95,8 +85,9 @@ def test_every_constructor_parameter_has_a_row() -> None:
 
 def test_every_table_names_only_real_parameters() -> None:
     """A row for a parameter the class does not take (renamed, removed) fails too."""
-    classes = {cls.__name__: cls for cls in configured_classes().values()}
-    elsewhere = {n.rsplit(".", 1)[1] for n in not_importable()}
+    loaded, unloaded = public_classes()
+    classes = {cls.__name__: cls for cls in loaded.values()}
+    elsewhere = {n.rsplit(".", 1)[1] for n in unloaded}
     stale = []
     for short, rows in documented().items():
         cls = classes.get(short)
@@ -111,4 +102,5 @@ def test_every_table_names_only_real_parameters() -> None:
 
 
 def test_the_exemptions_are_public_classes() -> None:
-    assert set(NOT_CONFIGURED) <= set(configured_classes()) | not_importable()
+    loaded, unloaded = public_classes()
+    assert set(NOT_CONFIGURED) <= set(loaded) | unloaded
