@@ -49,6 +49,7 @@ from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig
 from logsdk.producer._records import HEADER_SEQ
 from logsdk.shm._reader import (
+    RingNotReadyError,
     RingReader,
     readable_uids,
     ring_names,
@@ -58,6 +59,9 @@ from logsdk.shm._reader import (
 from logsdk.spool._codec import Row, decode_headers
 
 log = logging.getLogger("logsdk.agent")
+
+#: A ring still being made after this long is said once (`Agent._not_ready`).
+UNREADY_WARN_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +132,8 @@ class Agent:
         self.owner = Owner(f"the agent of {self._root}")
         self._sources: dict[str, Source] = {}
         self._refused_rings: set[str] = set()
+        #: Rings seen while their writer was making them: when first seen (inf once said).
+        self._unready: dict[str, float] = {}
         self._client: Any = None
         self._renew = False  # the client failed fatally: the agent's thread replaces it
         self._quiet_since = time.monotonic()  # the stall detector's clock
@@ -460,7 +466,10 @@ class Agent:
         sources that are done."""
         self.owner.check("look at the rings")
         prefix = "/" + ring_prefix(self._root)
-        for name in ring_names(self._root, self._uids):
+        names = ring_names(self._root, self._uids)
+        if self._unready:
+            self._unready = {n: t for n, t in self._unready.items() if n in names}
+        for name in names:
             pid = name[len(prefix) :]
             if pid in self._sources or name in self._refused_rings:
                 continue
@@ -470,11 +479,14 @@ class Agent:
                 continue
             try:
                 reader = RingReader(name, self._uids)
-            except ShmError as exc:
-                if "not initialised" not in str(exc):
-                    self._refused_rings.add(name)
-                    log.error("ring %s not read: %s", name, exc)
+            except RingNotReadyError:
+                self._not_ready(name)
                 continue
+            except ShmError as exc:
+                self._refused_rings.add(name)
+                log.error("ring %s not read: %s", name, exc)
+                continue
+            self._unready.pop(name, None)
             if reader.producer_id != pid:
                 reader.close()
                 self._refused_rings.add(name)
@@ -502,6 +514,22 @@ class Agent:
         self.counts["corrupt"] = self._corrupt_done + sum(
             s.reader.corrupt for s in self._sources.values() if s.reader is not None
         )
+
+    def _not_ready(self, name: str) -> None:
+        """``name`` is a ring being made (`RingNotReadyError`): opened again at the next
+        scan. One left half-made for a minute (a writer killed while making it: it holds
+        no record) is said once."""
+        now = time.monotonic()
+        since = self._unready.setdefault(name, now)
+        if now - since > UNREADY_WARN_S:
+            self._unready[name] = float("inf")
+            log.warning(
+                "ring %s has been half-made for %g s (its writer died making it?); it "
+                "holds no record: remove it with `logsdk shm remove %s`",
+                name,
+                UNREADY_WARN_S,
+                name,
+            )
 
     def _add(self, pid: str, reader: RingReader | None) -> None:
         src = Source(

@@ -162,6 +162,11 @@ class TailFollower:
         return tail
 
 
+class RingNotReadyError(ShmError):
+    """The segment is a ring being made: its writer creates it empty, sizes it, writes its
+    header, and its magic last. Open it again later; never a reason to give it up."""
+
+
 class RingReader:
     """The agent's reader of one application's ring (see the module docstring).
 
@@ -211,13 +216,17 @@ class RingReader:
                 f"(nor a uid the agent trusts: {sorted(uids)})"
             )
         size = st.st_size
+        if size == 0:
+            raise RingNotReadyError(f"{name} is being created (0 bytes)")
         if size < HEADER_SIZE + MIN_CAPACITY:
             raise ShmError(f"{name} is not a logsdk ring ({size} bytes)")
         mm = mmap.mmap(fd, size)
         try:
             header = read_header(mm)
+            if header.magic == bytes(8):
+                raise RingNotReadyError(f"{name} is being created (no magic yet)")
             if header.magic != MAGIC:
-                raise ShmError(f"{name} is not a logsdk ring (or not initialised yet)")
+                raise ShmError(f"{name} is not a logsdk ring")
             if header.version != VERSION or header.header_size != HEADER_SIZE:
                 raise ShmError(
                     f"ring {name} was written by another logsdk (layout version "

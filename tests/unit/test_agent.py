@@ -356,6 +356,46 @@ def test_a_ring_named_with_dots_is_never_taken_for_a_directory(
     assert (tmp_path / "keep").read_text() == "x"
 
 
+def test_a_ring_seen_while_its_writer_makes_it_is_read_once_made(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer creates its segment empty, sizes it, then writes the header and the magic
+    last: a scan between those steps finds a 0-byte or blank segment. The agent opens it
+    again at the next scan (it was once refused for good, and a gunicorn worker's records
+    waited in its ring for ever); one left half-made is said once, and left alone."""
+    import posix_ipc
+
+    from logsdk.agent import _agent
+
+    monkeypatch.setattr(_agent, "UNREADY_WARN_S", 0.5)
+    caplog.set_level(logging.WARNING, "logsdk.agent")
+    making = ring_name(tmp_path, "f" * 32)
+    posix_ipc.SharedMemory(making, posix_ipc.O_CREX, mode=0o600).close_fd()  # 0 bytes
+    blank = ring_name(tmp_path, "d" * 32)
+    posix_ipc.SharedMemory(blank, posix_ipc.O_CREX, mode=0o600, size=1 << 17).close_fd()
+    a = agent(tmp_path).start()
+    try:
+        p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
+        p.send(b"y")
+        assert p.flush(10) == 0  # a scan that listed the two half-made ones has passed
+        p.close(1)
+        wait_until(lambda: f"ring {blank} has been half-made" in caplog.text, 10, "said")
+        ring = ShmRing.attach(making, 64 * 1024, "f" * 32, tmp_path, drained_elsewhere=True)
+        for i in range(50):
+            assert ring.put(("logs", None, b"%d" % i, None, 1, i))
+        ring.close(unlink=False)
+        wait_until(lambda: making not in ring_names(tmp_path), 10, "the made ring read, removed")
+        assert spooled_records(agent_dir(tmp_path) / ("f" * 32)) == 50
+        assert "not read" not in caplog.text
+        assert caplog.text.count(f"ring {blank} has been half-made") == 1
+        assert blank in ring_names(tmp_path)
+    finally:
+        assert a.stop(5)
+        posix_ipc.unlink_shared_memory(blank)
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_shared_memory(making)
+
+
 #: The user of the application in the test below (Debian's "nobody").
 OTHER_UID = 65534
 
