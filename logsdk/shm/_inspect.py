@@ -49,10 +49,14 @@ def inspect(name: str) -> SegmentInfo:
     try:
         size = os.fstat(shm.fd).st_size
         alive = owner_alive(shm.fd)
+        if size == 0:
+            return _half_made(name, alive)
         if size < HEADER_SIZE + MIN_CAPACITY:
             raise ShmError(f"{name} is not a logsdk ring ({size} bytes)")
         with mmap.mmap(shm.fd, size, prot=mmap.PROT_READ) as mm:
             header = read_header(mm)
+            if header.magic == bytes(8):
+                return _half_made(name, alive, size)
             if header.magic != MAGIC or header.capacity != size - HEADER_SIZE:
                 raise ShmError(f"{name} is not a logsdk ring")
             scan = read_ring(mm, header.capacity, name, quiet=True)
@@ -69,6 +73,12 @@ def inspect(name: str) -> SegmentInfo:
         producer_id=header.producer_id,
         spool_dir=header.spool_dir,
     )
+
+
+def _half_made(name: str, alive: bool, size: int = 0) -> SegmentInfo:
+    """A segment its writer was making (sized, then its header, the magic last): no record
+    is in it yet."""
+    return SegmentInfo(name, size, 0, 0, 0, 0, alive, "", "")
 
 
 def remove(name: str) -> None:

@@ -395,6 +395,19 @@ def test_inspect_and_remove(name: str, tmp_path: Path) -> None:
         inspect(name)
 
 
+@pytest.mark.parametrize("size", [0, HEADER_SIZE + CAP])
+def test_a_half_made_segment_is_shown_empty_and_removed(name: str, size: int) -> None:
+    """A segment its writer died making (0 bytes, or sized with no magic yet) holds no
+    record: inspect() says so and remove() unlinks it (logsdk agent names this command for
+    one left half-made)."""
+    posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size).close_fd()
+    info = inspect(name)
+    assert (info.size, info.pending, info.owner_alive) == (size, 0, False)
+    remove(name)
+    with pytest.raises(ShmError, match="no shared memory segment"):
+        inspect(name)
+
+
 def test_names() -> None:
     """A name is derived from the spool dir, or checked."""
     assert segment_name(None, "/a/b") == segment_name(None, "/a/b/")
