@@ -49,6 +49,7 @@ from logsdk.producer import _client
 from logsdk.producer._config import ProducerConfig
 from logsdk.producer._records import HEADER_SEQ
 from logsdk.shm._reader import (
+    RingGoneError,
     RingNotReadyError,
     RingReader,
     readable_uids,
@@ -467,8 +468,10 @@ class Agent:
         self.owner.check("look at the rings")
         prefix = "/" + ring_prefix(self._root)
         names = ring_names(self._root, self._uids)
+        listed = set(names)  # what is no longer listed is forgotten (names are not reused)
         if self._unready:
-            self._unready = {n: t for n, t in self._unready.items() if n in names}
+            self._unready = {n: t for n, t in self._unready.items() if n in listed}
+        self._refused_rings &= listed
         for name in names:
             pid = name[len(prefix) :]
             if pid in self._sources or name in self._refused_rings:
@@ -481,6 +484,8 @@ class Agent:
                 reader = RingReader(name, self._uids)
             except RingNotReadyError:
                 self._not_ready(name)
+                continue
+            except RingGoneError:
                 continue
             except ShmError as exc:
                 self._refused_rings.add(name)

@@ -167,6 +167,10 @@ class RingNotReadyError(ShmError):
     header, and its magic last. Open it again later; never a reason to give it up."""
 
 
+class RingGoneError(ShmError):
+    """The segment was unlinked after it was listed (its writer closed it, empty)."""
+
+
 class RingReader:
     """The agent's reader of one application's ring (see the module docstring).
 
@@ -180,7 +184,7 @@ class RingReader:
         try:
             shm = posix_ipc.SharedMemory(name, 0)
         except posix_ipc.ExistentialError:
-            raise ShmError(f"no shared memory segment named {name}") from None
+            raise RingGoneError(f"no shared memory segment named {name}") from None
         except (posix_ipc.Error, OSError, ValueError) as exc:
             raise ShmError(f"cannot open shared memory segment {name}: {exc}") from exc
         self._shm = shm

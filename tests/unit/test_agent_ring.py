@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 import random
 import struct
 import uuid
@@ -17,7 +18,13 @@ import pytest
 
 from logsdk.errors import ShmError
 from logsdk.shm import ShmRing
-from logsdk.shm._reader import RingReader, ring_name, ring_names
+from logsdk.shm._reader import (
+    RingGoneError,
+    RingNotReadyError,
+    RingReader,
+    ring_name,
+    ring_names,
+)
 from logsdk.shm._segment import HEADER_SIZE
 
 CAP = 64 * 1024
@@ -216,6 +223,28 @@ def test_a_ring_of_another_layout_version_is_refused_with_a_clear_error(
             RingReader(name)
     finally:
         ring.close(unlink=True)
+
+
+def test_a_ring_being_made_or_gone_is_told_apart_from_a_ring_refused(name: str) -> None:
+    """What the agent opens again later (a segment its writer is making: empty, or sized
+    with no magic yet), forgets (unlinked since it was listed), and refuses (not a ring):
+    three errors, so that only the last is given up."""
+    with pytest.raises(RingGoneError):
+        RingReader(name)
+    seg = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
+    try:
+        with pytest.raises(RingNotReadyError, match="0 bytes"):
+            RingReader(name)
+        os.ftruncate(seg.fd, HEADER_SIZE + CAP)
+        with pytest.raises(RingNotReadyError, match="no magic"):
+            RingReader(name)
+        with mmap.mmap(seg.fd, HEADER_SIZE) as mm:
+            mm[:8] = b"NOTARING"
+        with pytest.raises(ShmError, match="not a logsdk ring") as refused:
+            RingReader(name)
+        assert not isinstance(refused.value, (RingNotReadyError, RingGoneError))
+    finally:
+        seg.close_fd()
 
 
 def test_random_bytes_in_the_frames_never_crash_or_wedge_the_reader(
