@@ -41,6 +41,7 @@ import os
 import re
 import stat
 import struct
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -120,14 +121,23 @@ def take_ownership(name: str, fd: int) -> int:
     """Take the segment's ownership lock for this process (see the module docstring) and
     make sure it is ours alone (this user's, mode 0600); its size. Raises
     `ShmInUseError` while a live process holds it."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = owner_pid(fd)
-        raise ShmInUseError(
-            f"shared memory segment {name} is in use by a live producer (pid {owner}); "
-            "give each producer its own shm_name (or spool_dir)"
-        ) from None
+    # A look from outside (`owner_alive()`: `logsdk shm list`, a producer counting its
+    # slots' records) holds a shared lock for an instant: a refusal is tried again for
+    # 50 ms before it is taken for a live owner.
+    deadline = time.monotonic() + 0.05
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.001)
+                continue
+            owner = owner_pid(fd)
+            raise ShmInUseError(
+                f"shared memory segment {name} is in use by a live producer (pid {owner}); "
+                "give each producer its own shm_name (or spool_dir)"
+            ) from None
     st = os.fstat(fd)
     if st.st_uid != os.geteuid():
         raise ShmError(f"shared memory segment {name} belongs to uid {st.st_uid}, not us")

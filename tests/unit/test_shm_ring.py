@@ -360,6 +360,30 @@ def test_second_live_owner_gets_a_clear_error(name: str, tmp_path: Path) -> None
     ShmRing.attach(name, CAP, PID, tmp_path).close(unlink=True)
 
 
+def test_a_look_from_outside_does_not_refuse_the_next_owner(name: str, tmp_path: Path) -> None:
+    """`logsdk shm list` (or a producer counting its slots' records) asks whether the owner
+    lives with a shared lock held for an instant: a producer attaching at that instant
+    takes the segment, not a ShmInUseError naming the dead owner."""
+    import fcntl
+
+    ring = ShmRing.attach(name, CAP, PID, tmp_path)
+    ring.put(rec(0))
+    crash(ring)
+    seg = posix_ipc.SharedMemory(name, 0)
+    fcntl.flock(seg.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # as owner_alive() does
+    look = threading.Timer(0.01, fcntl.flock, (seg.fd, fcntl.LOCK_UN))
+    look.start()
+    try:
+        again = ShmRing.attach(name, CAP, PID, tmp_path)
+    finally:
+        look.join()
+        seg.close_fd()
+    try:
+        assert [r[5] for r in again.recovered] == [0]
+    finally:
+        again.close(unlink=True)
+
+
 def test_segment_of_another_producer_is_refused(name: str, tmp_path: Path) -> None:
     """Records of producer A are never resent under producer B's id."""
     ring = ShmRing.attach(name, CAP, PID, tmp_path)
