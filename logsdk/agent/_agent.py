@@ -239,6 +239,8 @@ class Agent:
             s.inflight + s.replaying for s in self._sources.values()
         )
         for src in list(self._sources.values()):
+            if src.spool_unread:
+                continue  # its ring's records wait behind the spool's (opened at a scan)
             if self.down:
                 moved += self._spool_new(src)
                 continue
@@ -508,6 +510,8 @@ class Agent:
             ):
                 self._add(entry.name, None)
         for pid, src in list(self._sources.items()):
+            if src.spool_unread:
+                self._open_spool(src, quiet=True)
             if src.reader is not None and not src.writer_dead:
                 src.writer_dead = not src.reader.writer_alive()
             corrupt = 0 if src.reader is None else src.reader.corrupt
@@ -544,13 +548,27 @@ class Agent:
             synchronous=self.config.spool_synchronous,
             max_bytes=self.config.spool_max_bytes,
         )
-        try:
-            if (src.spool_dir / "spool.db").exists():
-                src.open_spool()
-        except LogSDKError as exc:
-            log.error("spool of producer %s not opened: %s", pid, exc)
         self._sources[pid] = src
         log.info("producer %s: %s", pid, "ring found" if reader else "spool found")
+        if src.spool_unread:
+            self._open_spool(src, quiet=False)
+
+    def _open_spool(self, src: Source, *, quiet: bool) -> None:
+        """Open the spool a source found on disk; one that fails is said (``quiet``: only
+        when it opens at last) and tried again at the next scan, its rows kept."""
+        try:
+            src.open_spool()
+        except LogSDKError as exc:
+            if not quiet:
+                log.error(
+                    "spool of producer %s not opened: %s; its records are kept and it is "
+                    "tried again",
+                    src.producer_id,
+                    exc,
+                )
+            return
+        if quiet:
+            log.warning("spool of producer %s opened at last", src.producer_id)
 
     def _finish(self) -> None:
         """stop(): wait for librdkafka's records until the deadline, applying reports."""

@@ -9,6 +9,9 @@ Invariants:
   in its ``state.json``: a replayed record carries the id and seq it was written with;
 - while the spool holds rows, the ring's new records are appended behind them (never
   produced around them), so a key's records keep their order through an outage;
+- a spool that could not be opened is never taken for empty (`Source.spool_unread`):
+  the agent opens it again at each scan, and removes a producer's directory only once
+  its spool was opened and found empty;
 - the spool holds at most ``spool_max_bytes`` (counted as the producer's spool counts):
   past it, records wait in their ring (whose ``when_full`` then applies in the
   application);
@@ -100,6 +103,9 @@ class Source:
         self.replay_refused: list[tuple[int, str]] = []
         #: The writer was dead at the last look (it never comes back).
         self.writer_dead = reader is None
+        #: A spool on disk not opened yet (at first, or its open failed: locked, a failing
+        #: disk): what it holds is unknown, so it is never taken for empty.
+        self.spool_unread = (spool_dir / "spool.db").exists()
 
     # -- the spool -----------------------------------------------------------------------
 
@@ -114,6 +120,7 @@ class Source:
                 except OSError as exc:
                     raise SpoolError(f"cannot create the spool {d}: {exc}") from exc
             self.spool = Spool(d, synchronous=self._synchronous, max_bytes=self._max_bytes).open()
+            self.spool_unread = False
         return self.spool
 
     @property
@@ -201,7 +208,12 @@ class Source:
 
     def done(self) -> bool:
         """Nothing of this producer is left: no ring, its spool empty, nothing in flight."""
-        return self.reader is None and self.replaying == 0 and self.spooled == 0
+        return (
+            self.reader is None
+            and self.replaying == 0
+            and self.spooled == 0
+            and not self.spool_unread
+        )
 
     def remove(self) -> None:
         """`done()`: close and remove the spool."""

@@ -128,6 +128,39 @@ def test_a_dead_writers_ring_is_removed_once_its_records_are_spooled(tmp_path: P
         assert a.stop(5)
 
 
+def test_a_spool_the_agent_cannot_open_is_kept_and_opened_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent's spool it cannot open at start (here locked by an operator's command) is
+    kept with its records, not taken for an empty one and removed; the agent opens it once
+    it can, and the ring of that producer waits behind it meanwhile."""
+    from logsdk.spool._spool import Spool
+
+    caplog.set_level(logging.WARNING, "logsdk.agent")
+    p = LogProducer(NOWHERE, "logs", tmp_path, delivery="agent")
+    for i in range(50):
+        p.send(b"%d" % i)
+    p.close(0)
+    spool_dir = agent_dir(tmp_path) / p.producer_id
+    first = agent(tmp_path).start()
+    try:
+        wait_until(lambda: ring_names(tmp_path) == [], 10, "the records spooled")
+    finally:
+        assert first.stop(5)
+    assert spooled_records(spool_dir) == 50
+    held = Spool(spool_dir).open()  # as `logsdk spool replay` would hold it
+    second = agent(tmp_path).start()
+    try:
+        wait_until(lambda: "not opened" in caplog.text, 10, "the failed open said")
+        time.sleep(3 * second.config.scan_interval_s)  # scans that once removed it
+        assert spool_dir.is_dir()
+        held.close()
+        wait_until(lambda: "opened at last" in caplog.text, 10, "the spool opened")
+        assert spooled_records(spool_dir) == 50
+    finally:
+        assert second.stop(5)
+
+
 def test_sigterm_stops_the_agent_cleanly(tmp_path: Path) -> None:
     """`logsdk agent` in the foreground: SIGTERM ends it with status 0 and frees the lock."""
     proc = subprocess.Popen(
