@@ -207,13 +207,11 @@ class Source:
         return True
 
     def done(self) -> bool:
-        """Nothing of this producer is left: no ring, its spool empty, nothing in flight."""
-        return (
-            self.reader is None
-            and self.replaying == 0
-            and self.spooled == 0
-            and not self.spool_unread
-        )
+        """Nothing of this producer is left: no ring, its spool empty, nothing in flight.
+        The spool's table is asked too, not only its gauges: `remove()` cannot be undone."""
+        if self.reader is not None or self.replaying or self.spooled or self.spool_unread:
+            return False
+        return self.spool is None or not self.spool.holds_rows()
 
     def remove(self) -> None:
         """`done()`: close and remove the spool."""
