@@ -68,7 +68,7 @@ def _no_ring_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
                     header = f.read(HEADER_SIZE)
                     if len(header) < HEADER_SIZE:
                         continue
-                    d = read_header(header).spool_dir  # type: ignore[arg-type]
+                    d = read_header(header).spool_dir
                     # Another test's segments are never locked, even for an instant.
                     if os.fsencode(d).startswith(root) and not owner_alive(f.fileno()):
                         os.unlink(e.path)

@@ -20,7 +20,15 @@ import posix_ipc
 
 from logsdk.errors import ShmError, ShmInUseError
 from logsdk.shm._frames import read_ring
-from logsdk.shm._segment import HEADER_SIZE, MAGIC, MIN_CAPACITY, SHM_DIR, owner_alive, read_header
+from logsdk.shm._segment import (
+    HEADER_SIZE,
+    MAGIC,
+    MIN_CAPACITY,
+    SHM_DIR,
+    UNFINISHED,
+    owner_alive,
+    read_header,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ def inspect(name: str) -> SegmentInfo:
             raise ShmError(f"{name} is not a logsdk ring ({size} bytes)")
         with mmap.mmap(shm.fd, size, prot=mmap.PROT_READ) as mm:
             header = read_header(mm)
-            if header.magic == bytes(8):
+            if header.magic == UNFINISHED:
                 return _half_made(name, alive, size)
             if header.magic != MAGIC or header.capacity != size - HEADER_SIZE:
                 raise ShmError(f"{name} is not a logsdk ring")

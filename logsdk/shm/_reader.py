@@ -57,6 +57,7 @@ from logsdk.shm._segment import (
     POS_MAX,
     SHM_DIR,
     TAIL_OFF,
+    UNFINISHED,
     VERSION,
     owner_alive,
     publish_index,
@@ -227,7 +228,7 @@ class RingReader:
         mm = mmap.mmap(fd, size)
         try:
             header = read_header(mm)
-            if header.magic == bytes(8):
+            if header.magic == UNFINISHED:
                 raise RingNotReadyError(f"{name} is being created (no magic yet)")
             if header.magic != MAGIC:
                 raise ShmError(f"{name} is not a logsdk ring")

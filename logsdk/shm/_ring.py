@@ -63,6 +63,7 @@ from logsdk.shm._segment import (
     MAGIC,
     MIN_CAPACITY,
     TAIL_OFF,
+    UNFINISHED,
     check_header,
     holds_ring,
     map_segment,
@@ -113,7 +114,7 @@ class ShmRing:
         # order, and frames are written in position order): the first is the tail.
         self._open: dict[int, int] = {}
         self._follower: TailFollower | None = None
-        self._fifo: array.array[int] | None = None
+        self._fifo: array.array[int] | None = None  # the follower's positions, for put()
         self._topics: dict[str, bytes] = {}
         self._settled: list[int] = []  # seqs settle() noted, not yet flagged in the ring
         #: ``settle(seq)``: the record ``seq`` is acknowledged or committed to the spool:
@@ -231,7 +232,7 @@ class ShmRing:
         make it ready for writing, at the requested capacity, owned by this process."""
         capacity = self._capacity_wanted
         if capacity != self.capacity:
-            self._mm[0:8] = bytes(8)  # uninitialised until the new header is complete
+            self._mm[0:8] = UNFINISHED  # until the new header is complete
             self._mm.close()
             reserve(self.name, self._shm.fd, HEADER_SIZE + capacity)
             self._mm = map_segment(self._shm.fd, HEADER_SIZE + capacity)
@@ -242,8 +243,7 @@ class ShmRing:
         # Positions continue after the old head: no stale frame can ever match one.
         start = (self._start + 7) // 8 * 8
         mm = self._mm
-        # The magic is written last: a crash before it leaves a segment that reads as not
-        # yet initialised (magic all zero), which the next attach initialises again.
+        # The magic last (`UNFINISHED` until then): a crash before it, the next attach redoes it.
         write_header(mm, self.capacity, self._producer_id, self._spool_dir)
         self._publish_tail(start)
         self._publish_head(start)

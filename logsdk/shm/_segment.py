@@ -48,6 +48,9 @@ from typing import NamedTuple
 from logsdk.errors import ShmError, ShmInUseError
 
 MAGIC = b"LOGSDKR1"
+#: The magic of a segment its writer has not finished making (or is re-making): the
+#: magic is written last, so a reader takes such a segment for one being made, not a foreign one.
+UNFINISHED = bytes(8)
 VERSION = 1
 HEADER_SIZE = 4096
 MIN_CAPACITY = 64 * 1024
@@ -103,13 +106,13 @@ def write_header(mm: mmap.mmap, capacity: int, producer_id: str, spool_dir: str)
     (the caller writes `MAGIC` once the rest of the segment is ready)."""
     d = spool_dir.encode()[:_DIR_MAX]
     _HDR.pack_into(
-        mm, 0, bytes(8), VERSION, HEADER_SIZE, capacity, os.getpid(), 0, 0,
+        mm, 0, UNFINISHED, VERSION, HEADER_SIZE, capacity, os.getpid(), 0, 0,
         producer_id.encode()[:32], len(d),
     )  # fmt: skip
     mm[_DIR_OFF : _DIR_OFF + len(d)] = d
 
 
-def read_header(mm: mmap.mmap) -> Header:
+def read_header(mm: mmap.mmap | bytes) -> Header:
     """The header of the segment mapped at ``mm``."""
     magic, version, hsize, capacity, pid, _r, _r2, pid_b, dlen = _HDR.unpack_from(mm, 0)
     spool_dir = bytes(mm[_DIR_OFF : _DIR_OFF + min(dlen, _DIR_MAX)]).decode(errors="replace")
@@ -157,7 +160,7 @@ def holds_ring(name: str, fd: int, size: int) -> bool:
             blank = head_page[:HEADER_SIZE] == bytes(HEADER_SIZE)
         if magic == MAGIC:
             return True
-        if not blank and magic != bytes(8):
+        if not blank and magic != UNFINISHED:
             raise ShmError(
                 f"shared memory segment {name} is not a logsdk ring; remove it "
                 f"(logsdk shm remove {name}) or pick another shm_name"
