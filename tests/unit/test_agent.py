@@ -158,6 +158,7 @@ def test_a_spool_the_agent_cannot_open_is_kept_and_opened_later(
         wait_until(lambda: "opened at last" in caplog.text, 10, "the spool opened")
         assert spooled_records(spool_dir) == 50
     finally:
+        held.close()  # a second close does nothing; a failure above leaves it open
         assert second.stop(5)
 
 
