@@ -212,11 +212,18 @@ def kill_an_executor_mid_task(cluster: StandaloneCluster, job: Job, tries: int =
             pid = cluster.busy_executor()
         assert job.alive(), job.tail()
         assert pid is not None, "no executor ran a task for 60 s"
+        lost = job.log.read_text(errors="replace").count("Lost executor")
         os.kill(pid, signal.SIGKILL)
+        # The driver says "Lost executor" at once, and "Lost task" with it when a task ran
+        # there: a try that hit an idle executor ends in seconds, not after a long wait
+        # while the queries' work runs out (seen: two idle hits of 30 s each, then none).
+        wait_until(
+            lambda lost=lost: job.log.read_text(errors="replace").count("Lost executor") > lost,
+            30,
+            "the driver to see the executor lost",
+        )
         try:
-            wait_until(
-                lambda: "Lost task" in job.log.read_text(errors="replace"), 30, "a lost task"
-            )
+            wait_until(lambda: "Lost task" in job.log.read_text(errors="replace"), 5, "a lost task")
             return
         except AssertionError:
             continue
